@@ -1,0 +1,35 @@
+"""Fake quantizers: simulate a backend's integer arithmetic in floating point.
+
+``FakeQuantizeDict`` maps class names to classes; ``register_fake_quantize``
+adds a user class so configurations can name it.
+
+Example:
+    >>> from mqbench.fake_quantize import FakeQuantizeDict
+    >>> FakeQuantizeDict["FixedFakeQuantize"].__name__
+    'FixedFakeQuantize'
+"""
+
+from __future__ import annotations
+
+from mqbench.fake_quantize.fixed import FixedFakeQuantize
+from mqbench.fake_quantize.quantize_base import QuantizeBase
+from mqbench.utils.registry import Registry
+
+__all__ = [
+    "QuantizeBase",
+    "FixedFakeQuantize",
+    "FakeQuantizeDict",
+    "register_fake_quantize",
+]
+
+FakeQuantizeDict: Registry[type[QuantizeBase]] = Registry(
+    "fake quantizer",
+    {cls.__name__: cls for cls in (FixedFakeQuantize,)},
+)
+
+
+def register_fake_quantize(cls: type[QuantizeBase], name: str | None = None, replace: bool = False) -> type[QuantizeBase]:
+    """Make ``cls`` nameable in configurations (usable as a decorator)."""
+    if not (isinstance(cls, type) and issubclass(cls, QuantizeBase)):
+        raise ValueError(f"register_fake_quantize expects a QuantizeBase subclass, got {cls!r}")
+    return FakeQuantizeDict.register(cls, name, replace)

@@ -1,0 +1,155 @@
+"""QuantizeBase: an observer, a scheme and a fake-quant function, with two switches."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from mqbench.functional import bits_of_range, fake_quantize_for_export
+from mqbench.observer import MinMaxObserver
+from mqbench.utils.factory import with_args
+from mqbench.utils.state_dict import resize_to_state_dict
+
+__all__ = ["QuantizeBase"]
+
+
+def _exporting() -> bool:
+    return torch.onnx.is_in_onnx_export() or torch.compiler.is_exporting()
+
+
+class QuantizeBase(nn.Module):
+    """Base of every fake quantizer (MQBench's ``QuantizeBase(observer, **observer_kwargs)``).
+
+    Holds the observer as ``activation_post_process`` and two uint8 buffers of
+    shape ``[1]``, ``observer_enabled`` and ``fake_quant_enabled``. In calibration
+    (observer on) each forward updates the observer and the quantizer's qparams;
+    with fake quant on, the output is quantized.
+
+    Subclasses implement ``quantize(x)`` (the training/simulation forward),
+    ``update_qparams()`` (pull qparams from the observer) and ``export_qparams()``
+    (the fixed scale and integer zero point the quantizer is equivalent to, used
+    by ONNX export, where every quantizer becomes its fixed Q/DQ form).
+
+    The switch buffers are the source of truth; a plain Python copy of each is
+    refreshed on every eager call so that ``torch.onnx.export(dynamo=True)``, which
+    cannot branch on buffer values, sees the same state.
+
+    Example:
+        >>> import torch
+        >>> from mqbench.fake_quantize import FixedFakeQuantize
+        >>> from mqbench.observer import MinMaxObserver
+        >>> fq = FixedFakeQuantize(MinMaxObserver, quant_min=-127, quant_max=127, qscheme=torch.per_tensor_symmetric)
+        >>> fq(torch.tensor([-1.27, 0.333])).tolist()
+        [-1.2699999809265137, 0.3299999237060547]
+    """
+
+    observer_enabled: Tensor
+    fake_quant_enabled: Tensor
+
+    def __init__(self, observer: Any = MinMaxObserver, **observer_kwargs: Any) -> None:
+        super().__init__()
+        self.activation_post_process = observer(**observer_kwargs)
+        post = self.activation_post_process
+        self.dtype = post.dtype
+        self.qscheme = post.qscheme
+        self.quant_min: int = post.quant_min
+        self.quant_max: int = post.quant_max
+        self.ch_axis: int = post.ch_axis if post.is_per_channel else -1
+        self.pot_scale: bool = post.pot_scale
+        self.register_buffer("fake_quant_enabled", torch.tensor([1], dtype=torch.uint8))
+        self.register_buffer("observer_enabled", torch.tensor([1], dtype=torch.uint8))
+        self._switches = {"observer": True, "fake_quant": True}
+
+    with_args = classmethod(with_args)
+
+    # -- identity and scheme ------------------------------------------------------------------
+    @property
+    def name(self) -> str:
+        """The quantizer's qualified name in its model (set by the switches in mqbench.utils.state)."""
+        return self.activation_post_process.name
+
+    @name.setter
+    def name(self, value: str) -> None:
+        self.activation_post_process.name = value
+
+    @property
+    def is_per_channel(self) -> bool:
+        return bool(self.activation_post_process.is_per_channel)
+
+    @property
+    def symmetric(self) -> bool:
+        return bool(self.activation_post_process.symmetric)
+
+    @property
+    def bitwidth(self) -> int:
+        return bits_of_range(self.quant_min, self.quant_max)
+
+    @property
+    def axis(self) -> int | None:
+        """The channel axis, or None per-tensor (the form the functional API takes)."""
+        return self.ch_axis if self.is_per_channel else None
+
+    # -- switches ----------------------------------------------------------------------------
+    def enable_observer(self, enabled: bool = True) -> None:
+        self.observer_enabled[0] = 1 if enabled else 0
+        self._switches["observer"] = bool(enabled)
+
+    def disable_observer(self) -> None:
+        self.enable_observer(False)
+
+    def enable_fake_quant(self, enabled: bool = True) -> None:
+        self.fake_quant_enabled[0] = 1 if enabled else 0
+        self._switches["fake_quant"] = bool(enabled)
+
+    def disable_fake_quant(self) -> None:
+        self.enable_fake_quant(False)
+
+    def _switch(self, which: str) -> bool:
+        if _exporting():
+            return self._switches[which]
+        buffer = self.observer_enabled if which == "observer" else self.fake_quant_enabled
+        value = bool(buffer[0])
+        self._switches[which] = value
+        return value
+
+    # -- forward -----------------------------------------------------------------------------
+    def forward(self, x: Tensor) -> Tensor:
+        if _exporting():
+            return self.export_forward(x) if self._switch("fake_quant") else x
+        if self._switch("observer"):
+            self.activation_post_process(x.detach())
+            self.update_qparams()
+        if self._switch("fake_quant"):
+            x = self.quantize(x)
+        return x
+
+    def calculate_qparams(self) -> tuple[Tensor, Tensor]:
+        return self.activation_post_process.calculate_qparams()
+
+    def update_qparams(self) -> None:
+        raise NotImplementedError
+
+    def quantize(self, x: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def export_qparams(self) -> tuple[Tensor, Tensor]:
+        """The fixed (scale, integer zero point) this quantizer is equivalent to."""
+        raise NotImplementedError
+
+    def export_forward(self, x: Tensor) -> Tensor:
+        scale, zero_point = self.export_qparams()
+        return fake_quantize_for_export(x, scale, zero_point, self.quant_min, self.quant_max, self.axis)
+
+    # -- state -------------------------------------------------------------------------------
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):  # type: ignore[no-untyped-def]
+        resize_to_state_dict(self, state_dict, prefix)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+        self._switches = {"observer": bool(self.observer_enabled[0]), "fake_quant": bool(self.fake_quant_enabled[0])}
+
+    def extra_repr(self) -> str:
+        return (
+            f"fake_quant_enabled={int(self.fake_quant_enabled[0])}, observer_enabled={int(self.observer_enabled[0])}, "
+            f"quant_min={self.quant_min}, quant_max={self.quant_max}, qscheme={self.qscheme}, ch_axis={self.ch_axis}"
+        )

@@ -1,0 +1,239 @@
+"""Pure quantization math shared by every observer and fake quantizer.
+
+Conventions (the same as ONNX QuantizeLinear / DequantizeLinear, so that a
+deployed model computes what the simulation computes):
+
+* quantize: ``q = clamp(round(x / scale) + zero_point, quant_min, quant_max)``
+  with round-half-to-even and a true division (not a multiplication by
+  ``1 / scale``, which differs in about 1.5 of every million inputs);
+* dequantize: ``(q - zero_point) * scale``.
+
+Per-tensor and per-channel quantization share one code path: per-tensor
+parameters have shape ``[1]`` and per-channel parameters are reshaped to
+broadcast along ``ch_axis``.
+
+Example:
+    >>> import torch
+    >>> from mqbench.functional import qparams_from_range, fake_quantize
+    >>> scale, zero_point = qparams_from_range(torch.tensor(-1.0), torch.tensor(1.0), -127, 127, True)
+    >>> fake_quantize(torch.tensor([0.5, 2.0]), scale, zero_point, -127, 127).tolist()
+    [0.5039370059967041, 1.0]
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "EPS",
+    "qparams_from_range",
+    "round_pot",
+    "broadcast_to_axis",
+    "fake_quantize",
+    "learnable_fake_quantize",
+    "fake_quantize_for_export",
+    "round_ste",
+    "ceil_ste",
+    "bits_of_range",
+]
+
+EPS = torch.finfo(torch.float32).eps
+
+
+def bits_of_range(quant_min: int, quant_max: int) -> int:
+    """The number of bits an integer range needs, e.g. 8 for (-128, 127) and (-127, 127)."""
+    return max(1, math.ceil(math.log2(quant_max - quant_min + 1)))
+
+
+def round_pot(scale: Tensor) -> Tensor:
+    """Round a positive scale to the nearest power of two in the log domain."""
+    return torch.pow(2.0, torch.round(torch.log2(scale)))
+
+
+def qparams_from_range(
+    min_val: Tensor,
+    max_val: Tensor,
+    quant_min: int,
+    quant_max: int,
+    symmetric: bool,
+    pot_scale: bool = False,
+    eps: float = EPS,
+) -> tuple[Tensor, Tensor]:
+    """Scale and zero point that map ``[min_val, max_val]`` onto ``[quant_min, quant_max]``.
+
+    The range is first widened to include zero, so zero is always exactly
+    representable. Symmetric grids have zero point 0: a signed grid covers
+    ``max(|min|, |max|)`` with ``(quant_max - quant_min) / 2`` steps, an
+    unsigned one (``quant_min >= 0``) covers ``[0, max]`` with ``quant_max``
+    steps. Scales are floored at ``eps`` (a constant or all-zero tensor still
+    gives a finite positive scale) and, with ``pot_scale``, rounded to a power
+    of two in the log domain.
+
+    Works elementwise on any shape (0-d for per-tensor, ``[C]`` per channel);
+    returns float32 scales of at least one dimension and int32 zero points.
+    """
+    min_neg = torch.clamp(min_val.float(), max=0.0)
+    max_pos = torch.clamp(max_val.float(), min=0.0)
+    if symmetric:
+        if quant_min < 0:
+            amax = torch.maximum(-min_neg, max_pos)
+            scale = amax / ((quant_max - quant_min) / 2)
+        else:
+            scale = max_pos / quant_max
+    else:
+        scale = (max_pos - min_neg) / (quant_max - quant_min)
+    scale = torch.clamp(scale, min=eps)
+    if pot_scale:
+        scale = round_pot(scale)
+    if symmetric:
+        zero_point = torch.zeros_like(scale, dtype=torch.int32)
+    else:
+        zero_point = torch.clamp(quant_min - torch.round(min_neg / scale), quant_min, quant_max).to(torch.int32)
+    return scale.reshape(-1) if scale.dim() == 0 else scale, zero_point.reshape(-1) if zero_point.dim() == 0 else zero_point
+
+
+def broadcast_to_axis(param: Tensor, x: Tensor, ch_axis: int | None) -> Tensor:
+    """Reshape a per-channel parameter ``[C]`` so it broadcasts along ``ch_axis`` of ``x``.
+
+    With ``ch_axis`` None the parameter is per-tensor and returned unchanged.
+    """
+    if ch_axis is None:
+        return param
+    if not -x.dim() <= ch_axis < x.dim():
+        raise ValueError(f"ch_axis={ch_axis} is out of range for a {x.dim()}-D tensor of shape {list(x.shape)}")
+    axis = ch_axis % x.dim()
+    if param.numel() != x.shape[axis]:
+        raise ValueError(
+            f"per-channel parameters have {param.numel()} channels but axis {axis} of the tensor "
+            f"of shape {list(x.shape)} has {x.shape[axis]}"
+        )
+    shape = [1] * x.dim()
+    shape[axis] = -1
+    return param.reshape(shape)
+
+
+class _FakeQuantizeSTE(torch.autograd.Function):
+    """Fixed fake quantization; straight-through gradient inside the clipping range."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, scale: Tensor, zero_point: Tensor, quant_min: int, quant_max: int) -> Tensor:  # type: ignore[override]
+        q = torch.div(x, scale).round_().add_(zero_point)
+        if ctx.needs_input_grad[0]:
+            ctx.save_for_backward((q >= quant_min).logical_and_(q <= quant_max))
+        return q.clamp_(quant_min, quant_max).sub_(zero_point).mul_(scale)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):  # type: ignore[override]
+        (inside,) = ctx.saved_tensors
+        return grad * inside, None, None, None, None
+
+
+def fake_quantize(
+    x: Tensor, scale: Tensor, zero_point: Tensor, quant_min: int, quant_max: int, ch_axis: int | None = None
+) -> Tensor:
+    """Quantize and dequantize ``x`` (no gradient to scale or zero point).
+
+    ``scale`` and ``zero_point`` have shape ``[1]`` (per-tensor) or ``[C]`` with ``ch_axis`` set.
+    """
+    scale = broadcast_to_axis(scale, x, ch_axis)
+    zero_point = broadcast_to_axis(zero_point, x, ch_axis)
+    return _FakeQuantizeSTE.apply(x, scale, zero_point.to(x.dtype), quant_min, quant_max)
+
+
+class _LearnableFakeQuantize(torch.autograd.Function):
+    """Fake quantization with gradients to scale and zero point (LSQ / LSQ+).
+
+    With ``v = x / s`` and ``q = round(v) + z``:
+    inside ``[quant_min, quant_max]``: d/dx = 1, d/ds = round(v) - v, d/dz = 0;
+    below: d/dx = 0, d/ds = quant_min - z, d/dz = -s; above: d/ds = quant_max - z, d/dz = -s.
+    Scale and zero-point gradients are multiplied by ``grad_factor``.
+    """
+
+    @staticmethod
+    def forward(ctx, x, scale, zero_point, quant_min, quant_max, grad_factor):  # type: ignore[override]
+        v = torch.div(x, scale)
+        q = torch.round(v).add_(zero_point)
+        below = q < quant_min
+        above = q > quant_max
+        ctx.save_for_backward(v, q, below, above, scale, zero_point)
+        ctx.quant_range = (quant_min, quant_max)
+        ctx.grad_factor = grad_factor
+        return q.clamp(quant_min, quant_max).sub_(zero_point).mul_(scale)
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        v, q, below, above, scale, zero_point = ctx.saved_tensors
+        quant_min, quant_max = ctx.quant_range
+        outside = below | above
+        grad_x = grad.masked_fill(outside, 0.0)
+        grad_scale = grad_zero_point = None
+        if ctx.needs_input_grad[1]:
+            # inside: round(v) - v = (q - z) - v; outside: the clipped level minus z.
+            local = torch.where(below, quant_min - zero_point, torch.where(above, quant_max - zero_point, q - zero_point - v))
+            grad_scale = (grad * local).sum_to_size(scale.shape) * ctx.grad_factor
+        if ctx.needs_input_grad[2]:
+            grad_zero_point = (grad.masked_fill(~outside, 0.0) * -scale).sum_to_size(zero_point.shape) * ctx.grad_factor
+        return grad_x, grad_scale, grad_zero_point, None, None, None
+
+
+def learnable_fake_quantize(
+    x: Tensor,
+    scale: Tensor,
+    zero_point: Tensor,
+    quant_min: int,
+    quant_max: int,
+    ch_axis: int | None = None,
+    grad_factor: float = 1.0,
+) -> Tensor:
+    """Fake quantization whose scale (and float zero point) receive the LSQ gradients.
+
+    The zero point is rounded with a straight-through estimator, so a learnable
+    float zero point always acts as an integer one.
+    """
+    scale = broadcast_to_axis(scale, x, ch_axis)
+    zero_point = broadcast_to_axis(round_ste(zero_point.to(x.dtype)), x, ch_axis)
+    return _LearnableFakeQuantize.apply(x, scale, zero_point, quant_min, quant_max, grad_factor)
+
+
+def round_ste(x: Tensor) -> Tensor:
+    """round() in the forward pass, identity gradient."""
+    return x + (torch.round(x) - x).detach()
+
+
+def ceil_ste(x: Tensor) -> Tensor:
+    """ceil() in the forward pass, identity gradient."""
+    return x + (torch.ceil(x) - x).detach()
+
+
+_INT8_CONTAINERS = ((-128, 127), (0, 255))
+
+
+def fake_quantize_for_export(
+    x: Tensor, scale: Tensor, zero_point: Tensor, quant_min: int, quant_max: int, ch_axis: int | None = None
+) -> Tensor:
+    """The ONNX form of :func:`fake_quantize`, traced by both ``torch.onnx.export`` paths.
+
+    Up to 8 bits this becomes QuantizeLinear/DequantizeLinear on an int8 or
+    uint8 tensor; a narrower integer range (e.g. [-127, 127] or 4 bits) is
+    enforced by clipping the input to the float image of that range first,
+    which gives exactly the same integers. Wider grids export as the float
+    arithmetic itself (Div, Round, Add, Clip, Sub, Mul), also exact.
+    """
+    scale = scale.detach().float()
+    zero_point = torch.round(zero_point.detach().float())
+    if bits_of_range(quant_min, quant_max) > 8:
+        s = broadcast_to_axis(scale, x, ch_axis)
+        z = broadcast_to_axis(zero_point, x, ch_axis)
+        return (torch.clamp(torch.round(x / s) + z, quant_min, quant_max) - z) * s
+    container = _INT8_CONTAINERS[0] if quant_min < 0 else _INT8_CONTAINERS[1]
+    if (quant_min, quant_max) != container:
+        low = broadcast_to_axis((quant_min - zero_point) * scale, x, ch_axis)
+        high = broadcast_to_axis((quant_max - zero_point) * scale, x, ch_axis)
+        x = torch.minimum(torch.maximum(x, low), high)
+    zero_point = zero_point.to(torch.int32)
+    if ch_axis is None:
+        return torch.fake_quantize_per_tensor_affine(x, scale.reshape(()), zero_point.reshape(()), *container)
+    return torch.fake_quantize_per_channel_affine(x, scale, zero_point, ch_axis % x.dim(), *container)

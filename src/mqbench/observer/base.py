@@ -1,0 +1,185 @@
+"""ObserverBase: records statistics of the tensors it sees and turns them into qparams.
+
+Every observer works per-tensor or per-channel on any axis through one path:
+the input is viewed as rows ``[C, N]`` (``C == 1`` per-tensor), statistics are
+computed row-wise, and :func:`mqbench.functional.qparams_from_range` maps the
+resulting clipping range to a scale and zero point.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from mqbench.functional import EPS, qparams_from_range
+from mqbench.utils.factory import with_args
+from mqbench.utils.state_dict import resize_to_state_dict
+
+__all__ = ["ObserverBase", "NonFiniteInputError", "default_quant_range"]
+
+_PER_CHANNEL = (torch.per_channel_affine, torch.per_channel_symmetric)
+_SYMMETRIC = (torch.per_tensor_symmetric, torch.per_channel_symmetric)
+_QSCHEMES = (torch.per_tensor_affine, torch.per_tensor_symmetric, *_PER_CHANNEL)
+
+
+class NonFiniteInputError(ValueError):
+    """NaN or infinity reached an observer."""
+
+
+def default_quant_range(dtype: torch.dtype, reduce_range: bool) -> tuple[int, int]:
+    """The integer range of a quantized dtype (PyTorch's convention), halved with reduce_range."""
+    if dtype == torch.qint8:
+        return (-64, 63) if reduce_range else (-128, 127)
+    if dtype == torch.quint8:
+        return (0, 127) if reduce_range else (0, 255)
+    if dtype == torch.qint32:
+        return (-(2**31), 2**31 - 1)
+    raise ValueError(f"unsupported observer dtype {dtype}; use torch.quint8 or torch.qint8, or give quant_min/quant_max")
+
+
+class ObserverBase(nn.Module):
+    """Base class of all observers (MQBench's signature, plus PyTorch's ``eps``).
+
+    ``forward(x)`` records statistics and returns ``x`` unchanged;
+    ``calculate_qparams()`` returns ``(scale, zero_point)``. Per-channel schemes
+    (``torch.per_channel_*``) reduce over every axis but ``ch_axis`` (negative
+    axes count from the end).
+
+    Subclasses implement ``_observe(rows)`` for rows ``[C, N]`` and either
+    ``clip_range()`` (most observers) or ``calculate_qparams()``.
+
+    Example:
+        >>> import torch
+        >>> from mqbench.observer import MinMaxObserver
+        >>> obs = MinMaxObserver(quant_min=-127, quant_max=127, qscheme=torch.per_tensor_symmetric)
+        >>> _ = obs(torch.tensor([-2.54, 1.0]))
+        >>> obs.calculate_qparams()
+        (tensor([0.0200]), tensor([0], dtype=torch.int32))
+    """
+
+    min_val: Tensor
+    max_val: Tensor
+    num_batches: Tensor
+
+    def __init__(
+        self,
+        dtype: torch.dtype = torch.quint8,
+        qscheme: torch.qscheme = torch.per_tensor_affine,
+        reduce_range: bool = False,
+        quant_min: int | None = None,
+        quant_max: int | None = None,
+        ch_axis: int = -1,
+        pot_scale: bool = False,
+        factory_kwargs: dict[str, Any] | None = None,
+        eps: float = EPS,
+    ) -> None:
+        super().__init__()
+        if qscheme not in _QSCHEMES:
+            raise ValueError(f"unsupported qscheme {qscheme}; valid: {', '.join(str(q) for q in _QSCHEMES)}")
+        if (quant_min is None) != (quant_max is None):
+            raise ValueError("give both quant_min and quant_max, or neither")
+        if quant_min is None or quant_max is None:
+            quant_min, quant_max = default_quant_range(dtype, reduce_range)
+        if quant_min >= quant_max:
+            raise ValueError(f"quant_min ({quant_min}) must be below quant_max ({quant_max})")
+        if not eps > 0:
+            raise ValueError(f"eps must be positive, got {eps}")
+        self.dtype = dtype
+        self.qscheme = qscheme
+        self.reduce_range = reduce_range
+        self.quant_min = int(quant_min)
+        self.quant_max = int(quant_max)
+        self.ch_axis = int(ch_axis)
+        self.pot_scale = bool(pot_scale)
+        self.eps = float(eps)
+        self.factory_kwargs = factory_kwargs
+        self.name = ""
+        self.register_buffer("min_val", torch.tensor(float("inf")))
+        self.register_buffer("max_val", torch.tensor(float("-inf")))
+        self.register_buffer("num_batches", torch.tensor(0, dtype=torch.int64))
+
+    with_args = classmethod(with_args)
+
+    @property
+    def is_per_channel(self) -> bool:
+        return self.qscheme in _PER_CHANNEL
+
+    @property
+    def symmetric(self) -> bool:
+        return self.qscheme in _SYMMETRIC
+
+    @property
+    def calibrated(self) -> bool:
+        """Whether any tensor has been observed."""
+        return bool(self.num_batches > 0)
+
+    # -- recording -------------------------------------------------------------------------
+    def rows(self, x: Tensor) -> Tensor:
+        """``x`` as float rows ``[C, N]``: one row per channel, or a single row per-tensor."""
+        if not self.is_per_channel:
+            return x.reshape(1, -1).float()
+        if x.dim() == 0 or not -x.dim() <= self.ch_axis < x.dim():
+            raise ValueError(
+                f"{self._where()}: ch_axis={self.ch_axis} is out of range for a {x.dim()}-D tensor "
+                f"of shape {list(x.shape)}; set ch_axis to the channel dimension (0 for conv/linear weights)"
+            )
+        return x.movedim(self.ch_axis, 0).reshape(x.shape[self.ch_axis], -1).float()
+
+    def forward(self, x: Tensor) -> Tensor:
+        if x.numel() == 0:
+            return x
+        self._observe(self.rows(x.detach()))
+        self.num_batches += 1
+        return x
+
+    def _observe(self, rows: Tensor) -> None:
+        lo, hi = torch.aminmax(rows, dim=1)
+        self.check_finite(lo, hi)
+        self._update_min_max(lo, hi)
+
+    def _update_min_max(self, lo: Tensor, hi: Tensor) -> None:
+        """Running min/max (replace on the first batch)."""
+        lo, hi = self._shaped(lo), self._shaped(hi)
+        if self.num_batches == 0 or self.min_val.shape != lo.shape:
+            self.min_val, self.max_val = lo.clone(), hi.clone()
+        else:
+            self.min_val, self.max_val = torch.minimum(self.min_val, lo), torch.maximum(self.max_val, hi)
+
+    def _shaped(self, stat: Tensor) -> Tensor:
+        """Row statistics in buffer form: 0-d per-tensor, ``[C]`` per-channel."""
+        return stat if self.is_per_channel else stat.reshape(())
+
+    def check_finite(self, *stats: Tensor) -> None:
+        """Raise :class:`NonFiniteInputError` if any statistic of the batch is NaN or infinite."""
+        for stat in stats:
+            if not bool(torch.isfinite(stat).all()):
+                kind = "NaN" if bool(torch.isnan(stat).any()) else "infinite"
+                raise NonFiniteInputError(
+                    f"{self._where()} received {kind} values; check the input data and the layer before "
+                    "this quantizer (a diverged training step or a division by zero upstream)"
+                )
+
+    def _where(self) -> str:
+        owner = f"quantizer {self.name!r}" if self.name else "an unnamed quantizer"
+        return f"{type(self).__name__} of {owner}"
+
+    # -- qparams ---------------------------------------------------------------------------
+    def clip_range(self) -> tuple[Tensor, Tensor]:
+        """The (min, max) the grid should cover; min/max of the data unless a subclass clips."""
+        return self.min_val, self.max_val
+
+    def calculate_qparams(self) -> tuple[Tensor, Tensor]:
+        if not self.calibrated:
+            return torch.ones(1), torch.zeros(1, dtype=torch.int32)
+        lo, hi = self.clip_range()
+        return qparams_from_range(lo, hi, self.quant_min, self.quant_max, self.symmetric, self.pot_scale, self.eps)
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):  # type: ignore[no-untyped-def]
+        resize_to_state_dict(self, state_dict, prefix)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+    def extra_repr(self) -> str:
+        channel = f", ch_axis={self.ch_axis}" if self.is_per_channel else ""
+        return f"quant_min={self.quant_min}, quant_max={self.quant_max}, qscheme={self.qscheme}{channel}"

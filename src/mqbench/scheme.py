@@ -1,0 +1,116 @@
+"""Quantization schemes: the numbers that define one quantizer.
+
+A :class:`QuantScheme` says how many bits a quantizer has, whether its grid is
+symmetric around zero, per-tensor or per-channel, and whether its scale is a
+power of two. The integer range (``quant_min``, ``quant_max``) is derived from
+those fields and never stored.
+
+Example:
+    >>> from mqbench.scheme import QuantScheme
+    >>> QuantScheme(bits=8, symmetric=True, symmetric_range=True).quant_range
+    (-127, 127)
+    >>> QuantScheme(bits=4, symmetric=False).quant_range
+    (0, 15)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+__all__ = ["QuantScheme", "MIN_BITS", "MAX_BITS"]
+
+MIN_BITS = 2
+MAX_BITS = 16
+
+
+@dataclass(frozen=True)
+class QuantScheme:
+    """The fixed description of one quantizer's integer grid.
+
+    Attributes:
+        bits: integer width, 2 to 16.
+        symmetric: zero point fixed at 0 (signed grid unless ``unsigned``).
+        per_channel: one scale per slice along ``ch_axis``.
+        ch_axis: the channel axis for per-channel schemes (0 for conv and linear weights).
+        pot_scale: scales are powers of two.
+        symmetric_range: drop the most negative level, e.g. [-127, 127] for 8 bits.
+        unsigned: a symmetric grid on [0, 2**bits - 1] with zero point 0 (inputs known to
+            be non-negative, such as the output of a ReLU).
+    """
+
+    bits: int = 8
+    symmetric: bool = True
+    per_channel: bool = False
+    ch_axis: int = 0
+    pot_scale: bool = False
+    symmetric_range: bool = False
+    unsigned: bool = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.bits, bool) or not isinstance(self.bits, int):
+            raise ValueError(f"bits must be an int, got {self.bits!r}")
+        if not MIN_BITS <= self.bits <= MAX_BITS:
+            raise ValueError(f"bits must be between {MIN_BITS} and {MAX_BITS}, got {self.bits}")
+        if isinstance(self.ch_axis, bool) or not isinstance(self.ch_axis, int):
+            raise ValueError(f"ch_axis must be an int, got {self.ch_axis!r}")
+        if self.symmetric_range and not self.symmetric:
+            raise ValueError("symmetric_range needs symmetric=True: an asymmetric grid has no mirrored range")
+        if self.symmetric_range and self.unsigned:
+            raise ValueError("symmetric_range and unsigned cannot both be set: an unsigned grid has no negative side")
+        if self.unsigned and not self.symmetric:
+            raise ValueError("unsigned is a symmetric grid with zero point 0; set symmetric=True or drop unsigned")
+
+    @property
+    def quant_min(self) -> int:
+        if not self.symmetric or self.unsigned:
+            return 0
+        low = -(2 ** (self.bits - 1))
+        return low + 1 if self.symmetric_range else low
+
+    @property
+    def quant_max(self) -> int:
+        if not self.symmetric or self.unsigned:
+            return 2**self.bits - 1
+        return 2 ** (self.bits - 1) - 1
+
+    @property
+    def quant_range(self) -> tuple[int, int]:
+        return self.quant_min, self.quant_max
+
+    @property
+    def torch_qscheme(self) -> torch.qscheme:
+        if self.per_channel:
+            return torch.per_channel_symmetric if self.symmetric else torch.per_channel_affine
+        return torch.per_tensor_symmetric if self.symmetric else torch.per_tensor_affine
+
+    def observer_kwargs(self) -> dict[str, Any]:
+        """The keyword arguments that give an observer or fake quantizer this scheme."""
+        return {
+            "dtype": torch.qint8 if self.quant_min < 0 else torch.quint8,
+            "qscheme": self.torch_qscheme,
+            "quant_min": self.quant_min,
+            "quant_max": self.quant_max,
+            "ch_axis": self.ch_axis if self.per_channel else -1,
+            "pot_scale": self.pot_scale,
+        }
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> QuantScheme:
+        """Build a scheme from a dict using MQBench's keys (``bit``, ``symmetry``, ``per_channel``,
+        ``pot_scale``, ``symmetric_range``) or this class's own field names.
+
+        Raises ValueError naming an unknown key and listing the valid ones.
+        """
+        aliases = {"bit": "bits", "symmetry": "symmetric"}
+        fields = set(cls.__dataclass_fields__)
+        kwargs: dict[str, Any] = {}
+        for key, value in values.items():
+            name = aliases.get(key, key)
+            if name not in fields:
+                valid = sorted(fields | set(aliases))
+                raise ValueError(f"unknown quantization scheme key {key!r}; valid keys: {', '.join(valid)}")
+            kwargs[name] = value
+        return cls(**kwargs)
