@@ -22,6 +22,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -211,6 +212,28 @@ def ceil_ste(x: Tensor) -> Tensor:
 _INT8_CONTAINERS = ((-128, 127), (0, 255))
 
 
+@functools.cache
+def _register_export_shape_functions() -> None:
+    """Give PyTorch's fake-quant kernels the shape functions ``torch.export`` needs.
+
+    ``torch.onnx.export(dynamo=True)`` traces with fake tensors; PyTorch ships no
+    shape function for these two kernels. Registered once, on the first export, and
+    only where PyTorch does not provide one itself.
+    """
+
+    def shapes(x: Tensor, *args: object) -> tuple[Tensor, Tensor]:
+        return torch.empty_like(x), torch.empty_like(x, dtype=torch.bool)
+
+    for name in (
+        "aten::_fake_quantize_per_tensor_affine_cachemask_tensor_qparams",
+        "aten::fake_quantize_per_channel_affine_cachemask",
+    ):
+        try:
+            torch.library.register_fake(name)(shapes)
+        except RuntimeError:  # already has one (a newer PyTorch)
+            pass
+
+
 def fake_quantize_for_export(
     x: Tensor, scale: Tensor, zero_point: Tensor, quant_min: int, quant_max: int, ch_axis: int | None = None
 ) -> Tensor:
@@ -234,6 +257,7 @@ def fake_quantize_for_export(
         high = broadcast_to_axis((quant_max - zero_point) * scale, x, ch_axis)
         x = torch.minimum(torch.maximum(x, low), high)
     zero_point = zero_point.to(torch.int32)
+    _register_export_shape_functions()
     if ch_axis is None:
         return torch.fake_quantize_per_tensor_affine(x, scale.reshape(()), zero_point.reshape(()), *container)
     return torch.fake_quantize_per_channel_affine(x, scale, zero_point, ch_axis % x.dim(), *container)

@@ -1,0 +1,83 @@
+"""Switch a model's fake quantizers between calibration, quantization and float.
+
+Every function walks any module tree (a prepared GraphModule or a hand-built
+model), names each quantizer after its qualified module name (so errors can
+point at it), and returns nothing.
+
+Example:
+    >>> import torch
+    >>> from mqbench.fake_quantize import FixedFakeQuantize
+    >>> from mqbench.utils.state import enable_calibration, enable_quantization
+    >>> model = torch.nn.Sequential(FixedFakeQuantize(quant_min=0, quant_max=255))
+    >>> enable_calibration(model); _ = model(torch.rand(8))
+    >>> enable_quantization(model)
+    >>> int(model[0].observer_enabled[0]), int(model[0].fake_quant_enabled[0])
+    (0, 1)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from torch import nn
+
+from mqbench.fake_quantize.quantize_base import QuantizeBase
+
+__all__ = [
+    "enable_calibration",
+    "enable_quantization",
+    "disable_all",
+    "enable_all",
+    "enable_calibration_woquantization",
+    "enable_calibration_quantization",
+    "quantizers",
+]
+
+
+def quantizers(model: nn.Module) -> Iterator[tuple[str, QuantizeBase]]:
+    """Every fake quantizer in ``model`` with its qualified name (which it is also given)."""
+    for name, module in model.named_modules():
+        if isinstance(module, QuantizeBase):
+            module.name = name
+            yield name, module
+
+
+def _set(model: nn.Module, observer: bool, fake_quant: bool, quantizer_type: str | None = None) -> None:
+    for name, quantizer in quantizers(model):
+        selected = quantizer_type is None or quantizer_type in name
+        quantizer.enable_observer(observer and selected)
+        quantizer.enable_fake_quant(fake_quant and selected)
+
+
+def enable_calibration(model: nn.Module) -> None:
+    """Observers on, fake quantization off: the model computes in float and records ranges."""
+    _set(model, observer=True, fake_quant=False)
+
+
+def enable_quantization(model: nn.Module) -> None:
+    """Observers off, fake quantization on: the model simulates the quantized hardware."""
+    _set(model, observer=False, fake_quant=True)
+
+
+def disable_all(model: nn.Module) -> None:
+    """Observers and fake quantization off: the float model."""
+    _set(model, observer=False, fake_quant=False)
+
+
+def enable_all(model: nn.Module) -> None:
+    """Observers and fake quantization on (calibrate while quantizing)."""
+    _set(model, observer=True, fake_quant=True)
+
+
+def enable_calibration_woquantization(model: nn.Module, quantizer_type: str = "fake_quant") -> None:
+    """Calibrate only the quantizers whose name contains ``quantizer_type``, without quantizing.
+
+    The others are switched off entirely. Use ``"act_fake_quant"`` for activation
+    quantizers or ``"weight_fake_quant"`` for weight quantizers.
+    """
+    _set(model, observer=True, fake_quant=False, quantizer_type=quantizer_type)
+
+
+def enable_calibration_quantization(model: nn.Module, quantizer_type: str = "fake_quant") -> None:
+    """Calibrate and quantize the quantizers whose name contains ``quantizer_type``; the others are off."""
+    _set(model, observer=True, fake_quant=True, quantizer_type=quantizer_type)
