@@ -9,7 +9,7 @@ from torch import Tensor, nn
 
 from mqbench.functional import bits_of_range, fake_quantize_for_export
 from mqbench.observer import MinMaxObserver
-from mqbench.utils.factory import with_args
+from mqbench.utils.factory import Factory
 from mqbench.utils.state_dict import resize_to_state_dict
 
 __all__ = ["QuantizeBase"]
@@ -62,7 +62,10 @@ class QuantizeBase(nn.Module):
         self.register_buffer("observer_enabled", torch.tensor([1], dtype=torch.uint8))
         self._switches = {"observer": True, "fake_quant": True}
 
-    with_args = classmethod(with_args)
+    @classmethod
+    def with_args(cls, **kwargs: Any) -> Factory:
+        """A factory that builds this class with ``kwargs`` bound (PyTorch's observer idiom)."""
+        return Factory(cls, kwargs)
 
     # -- identity and scheme ------------------------------------------------------------------
     @property

@@ -14,7 +14,7 @@ import torch
 from torch import Tensor, nn
 
 from mqbench.functional import EPS, qparams_from_range
-from mqbench.utils.factory import with_args
+from mqbench.utils.factory import Factory
 from mqbench.utils.state_dict import resize_to_state_dict
 
 __all__ = ["ObserverBase", "NonFiniteInputError", "default_quant_range"]
@@ -100,7 +100,10 @@ class ObserverBase(nn.Module):
         self.register_buffer("max_val", torch.tensor(float("-inf")))
         self.register_buffer("num_batches", torch.tensor(0, dtype=torch.int64))
 
-    with_args = classmethod(with_args)
+    @classmethod
+    def with_args(cls, **kwargs: Any) -> Factory:
+        """A factory that builds this class with ``kwargs`` bound (PyTorch's observer idiom)."""
+        return Factory(cls, kwargs)
 
     @property
     def is_per_channel(self) -> bool:

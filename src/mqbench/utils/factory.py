@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["Factory", "with_args"]
+__all__ = ["Factory"]
 
 
 class Factory:
@@ -31,6 +31,3 @@ class Factory:
         bound = ", ".join(f"{key}={value!r}" for key, value in self.kwargs.items())
         return f"{self.cls.__name__}.with_args({bound})"
 
-
-def with_args(cls: type, **kwargs: Any) -> Factory:
-    return Factory(cls, kwargs)

@@ -1,0 +1,5 @@
+"""Small reference models defined in the project (no downloads needed)."""
+
+from mqbench.models.small import DigitsCNN
+
+__all__ = ["DigitsCNN"]
