@@ -28,6 +28,8 @@ import math
 import torch
 from torch import Tensor
 
+from mqbench import kernels
+
 __all__ = [
     "EPS",
     "qparams_from_range",
@@ -93,7 +95,9 @@ def qparams_from_range(
         zero_point = torch.zeros_like(scale, dtype=torch.int32)
     else:
         zero_point = torch.clamp(quant_min - torch.round(min_neg / scale), quant_min, quant_max).to(torch.int32)
-    return scale.reshape(-1) if scale.dim() == 0 else scale, zero_point.reshape(-1) if zero_point.dim() == 0 else zero_point
+    return scale.reshape(-1) if scale.dim() == 0 else scale, zero_point.reshape(
+        -1
+    ) if zero_point.dim() == 0 else zero_point
 
 
 def broadcast_to_axis(param: Tensor, x: Tensor, ch_axis: int | None) -> Tensor:
@@ -116,20 +120,38 @@ def broadcast_to_axis(param: Tensor, x: Tensor, ch_axis: int | None) -> Tensor:
     return param.reshape(shape)
 
 
+def _axis(x: Tensor, param: Tensor, ch_axis: int | None) -> int:
+    """``ch_axis`` normalised (after checking it against ``x`` and ``param``); -1 for per-tensor."""
+    if ch_axis is None:
+        return -1
+    broadcast_to_axis(param, x, ch_axis)
+    return ch_axis % x.dim()
+
+
+def _broadcast(param: Tensor, x: Tensor, axis: int) -> Tensor:
+    return broadcast_to_axis(param, x, None if axis < 0 else axis)
+
+
 class _FakeQuantizeSTE(torch.autograd.Function):
     """Fixed fake quantization; straight-through gradient inside the clipping range."""
 
     @staticmethod
-    def forward(ctx, x: Tensor, scale: Tensor, zero_point: Tensor, quant_min: int, quant_max: int) -> Tensor:  # type: ignore[override]
-        q = torch.div(x, scale).round_().add_(zero_point)
+    def forward(ctx, x, scale, zero_point, quant_min, quant_max, axis):  # type: ignore[override]
+        if kernels.usable(x):
+            out, inside = kernels.load().fake_quant_forward(x, scale, zero_point, quant_min, quant_max, axis)
+        else:
+            s, z = _broadcast(scale, x, axis), _broadcast(zero_point.to(x.dtype), x, axis)
+            q = torch.div(x, s).round_().add_(z)
+            inside = (q >= quant_min).logical_and_(q <= quant_max)
+            out = q.clamp_(quant_min, quant_max).sub_(z).mul_(s)
         if ctx.needs_input_grad[0]:
-            ctx.save_for_backward((q >= quant_min).logical_and_(q <= quant_max))
-        return q.clamp_(quant_min, quant_max).sub_(zero_point).mul_(scale)
+            ctx.save_for_backward(inside)
+        return out
 
     @staticmethod
-    def backward(ctx, grad: Tensor):  # type: ignore[override]
+    def backward(ctx, grad):  # type: ignore[override]
         (inside,) = ctx.saved_tensors
-        return grad * inside, None, None, None, None
+        return grad * inside, None, None, None, None, None
 
 
 def fake_quantize(
@@ -139,9 +161,8 @@ def fake_quantize(
 
     ``scale`` and ``zero_point`` have shape ``[1]`` (per-tensor) or ``[C]`` with ``ch_axis`` set.
     """
-    scale = broadcast_to_axis(scale, x, ch_axis)
-    zero_point = broadcast_to_axis(zero_point, x, ch_axis)
-    return _FakeQuantizeSTE.apply(x, scale, zero_point.to(x.dtype), quant_min, quant_max)
+    axis = _axis(x, scale, ch_axis)
+    return _FakeQuantizeSTE.apply(x, scale.detach(), zero_point.detach(), quant_min, quant_max, axis)
 
 
 class _LearnableFakeQuantize(torch.autograd.Function):
@@ -154,30 +175,33 @@ class _LearnableFakeQuantize(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, x, scale, zero_point, quant_min, quant_max, grad_factor):  # type: ignore[override]
-        v = torch.div(x, scale)
-        q = torch.round(v).add_(zero_point)
-        below = q < quant_min
-        above = q > quant_max
-        ctx.save_for_backward(v, q, below, above, scale, zero_point)
-        ctx.quant_range = (quant_min, quant_max)
-        ctx.grad_factor = grad_factor
-        return q.clamp(quant_min, quant_max).sub_(zero_point).mul_(scale)
+    def forward(ctx, x, scale, zero_point, quant_min, quant_max, axis, grad_factor):  # type: ignore[override]
+        ctx.save_for_backward(x, scale, zero_point)
+        ctx.settings = (quant_min, quant_max, axis, grad_factor)
+        if kernels.usable(x):
+            return kernels.load().fake_quant_forward(x, scale, zero_point, quant_min, quant_max, axis)[0]
+        s, z = _broadcast(scale, x, axis), _broadcast(zero_point, x, axis)
+        return torch.div(x, s).round_().add_(z).clamp_(quant_min, quant_max).sub_(z).mul_(s)
 
     @staticmethod
     def backward(ctx, grad):  # type: ignore[override]
-        v, q, below, above, scale, zero_point = ctx.saved_tensors
-        quant_min, quant_max = ctx.quant_range
-        outside = below | above
-        grad_x = grad.masked_fill(outside, 0.0)
-        grad_scale = grad_zero_point = None
-        if ctx.needs_input_grad[1]:
-            # inside: round(v) - v = (q - z) - v; outside: the clipped level minus z.
-            local = torch.where(below, quant_min - zero_point, torch.where(above, quant_max - zero_point, q - zero_point - v))
-            grad_scale = (grad * local).sum_to_size(scale.shape) * ctx.grad_factor
-        if ctx.needs_input_grad[2]:
-            grad_zero_point = (grad.masked_fill(~outside, 0.0) * -scale).sum_to_size(zero_point.shape) * ctx.grad_factor
-        return grad_x, grad_scale, grad_zero_point, None, None, None
+        x, scale, zero_point = ctx.saved_tensors
+        quant_min, quant_max, axis, grad_factor = ctx.settings
+        if kernels.usable(x, grad):
+            grad_x, grad_scale, grad_zero_point = kernels.load().learnable_backward(
+                grad, x, scale, zero_point, quant_min, quant_max, axis
+            )
+        else:
+            s, z = _broadcast(scale, x, axis), _broadcast(zero_point, x, axis)
+            v = x / s
+            q = torch.round(v) + z
+            below, above = q < quant_min, q > quant_max
+            outside = below | above
+            grad_x = grad.masked_fill(outside, 0.0)
+            local = torch.where(below, quant_min - z, torch.where(above, quant_max - z, q - z - v))
+            grad_scale = (grad * local).sum_to_size(s.shape).reshape(scale.shape)
+            grad_zero_point = (grad.masked_fill(~outside, 0.0) * -s).sum_to_size(s.shape).reshape(scale.shape)
+        return grad_x, grad_scale * grad_factor, grad_zero_point * grad_factor, None, None, None, None
 
 
 def learnable_fake_quantize(
@@ -194,9 +218,9 @@ def learnable_fake_quantize(
     The zero point is rounded with a straight-through estimator, so a learnable
     float zero point always acts as an integer one.
     """
-    scale = broadcast_to_axis(scale, x, ch_axis)
-    zero_point = broadcast_to_axis(round_ste(zero_point.to(x.dtype)), x, ch_axis)
-    return _LearnableFakeQuantize.apply(x, scale, zero_point, quant_min, quant_max, grad_factor)
+    axis = _axis(x, scale, ch_axis)
+    zero_point = round_ste(zero_point.to(x.dtype))
+    return _LearnableFakeQuantize.apply(x, scale, zero_point, quant_min, quant_max, axis, grad_factor)
 
 
 def round_ste(x: Tensor) -> Tensor:

@@ -1,0 +1,52 @@
+"""Optional fused CPU kernels, compiled on first use and cached by PyTorch.
+
+The kernels compute exactly what :mod:`mqbench.functional`'s PyTorch code
+computes (same division, same round-half-to-even) in one pass over the data.
+They are used for float32 CPU tensors when a C++ compiler is available; set
+``MQBENCH_KERNELS=0`` to use the PyTorch code only. If the build fails, mqbench
+warns once and falls back.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import warnings
+from pathlib import Path
+from types import ModuleType
+
+import torch
+
+__all__ = ["load", "usable"]
+
+_SOURCE = Path(__file__).with_name("fake_quant.cpp")
+
+
+@functools.cache
+def load() -> ModuleType | None:
+    """The compiled extension, or None where it is disabled or cannot be built."""
+    if os.environ.get("MQBENCH_KERNELS", "1") == "0":
+        return None
+    try:
+        from torch.utils.cpp_extension import load as build
+
+        return build(
+            name="mqbench_fake_quant",
+            sources=[str(_SOURCE)],
+            extra_cflags=["-O3", "-march=native", "-fopenmp"],
+            extra_ldflags=["-fopenmp"],
+            verbose=False,
+        )
+    except Exception as error:  # a missing compiler or headers must not stop quantization
+        warnings.warn(
+            f"mqbench: fused CPU kernels unavailable ({type(error).__name__}: {error}); using PyTorch ops, "
+            "which are slower but give identical results",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        return None
+
+
+def usable(*tensors: torch.Tensor) -> bool:
+    """Whether the fused kernels apply to these tensors (float32 on the CPU, kernels built)."""
+    return all(t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors) and load() is not None

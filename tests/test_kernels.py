@@ -1,0 +1,75 @@
+"""The fused CPU kernels and the PyTorch fallback both equal the reference arithmetic."""
+
+import numpy as np
+import pytest
+import torch
+
+from mqbench import kernels
+from mqbench.functional import fake_quantize, learnable_fake_quantize
+
+
+@pytest.fixture(params=["fused", "pytorch"])
+def path(request, monkeypatch):
+    if request.param == "fused":
+        assert kernels.load() is not None, "the fused kernels did not build on this machine"
+    else:
+        monkeypatch.setattr(kernels, "usable", lambda *tensors: False)
+    return request.param
+
+
+def data_with_ties(shape, scale, seed):
+    """Random values plus exact half-way points (k + 0.5) * scale, where rounding direction matters."""
+    generator = np.random.default_rng(seed)
+    x = generator.standard_normal(shape).astype(np.float32) * np.float32(40 * scale)
+    flat = x.reshape(-1)
+    ties = generator.integers(-200, 200, flat.size // 4)
+    flat[: ties.size] = ((ties + 0.5) * scale).astype(np.float32)
+    return x
+
+
+def reference(x, scale, zero_point, quant_min, quant_max, axis):
+    shape = [1] * x.ndim
+    if axis is not None:
+        shape[axis] = -1
+    s = np.asarray(scale, np.float32).reshape(shape)
+    z = np.asarray(zero_point, np.float32).reshape(shape)
+    q = np.round(x / s) + z
+    inside = (q >= quant_min) & (q <= quant_max)
+    return ((np.clip(q, quant_min, quant_max) - z) * s).astype(np.float32), q, inside, s, z
+
+
+@pytest.mark.parametrize("axis", [None, 0, 1, 3])
+def test_fixed_forward_and_mask(path, axis):
+    x = data_with_ties((4, 6, 5, 7), 0.05, seed=1)
+    channels = 1 if axis is None else x.shape[axis]
+    scale = np.linspace(0.03, 0.07, channels).astype(np.float32)
+    zero_point = np.arange(channels, dtype=np.int32) % 5 + 100
+    expected, _, inside, _, _ = reference(x, scale, zero_point, 0, 255, axis)
+    t = torch.from_numpy(x.copy()).requires_grad_()
+    out = fake_quantize(t, torch.from_numpy(scale), torch.from_numpy(zero_point), 0, 255, axis)
+    np.testing.assert_array_equal(out.detach().numpy(), expected)
+    out.backward(torch.ones_like(out))
+    np.testing.assert_array_equal(t.grad.numpy(), inside.astype(np.float32))
+
+
+@pytest.mark.parametrize("axis", [None, 1])
+def test_learnable_backward(path, axis):
+    x = data_with_ties((3, 8, 33), 0.1, seed=2)
+    channels = 1 if axis is None else x.shape[axis]
+    scale = np.linspace(0.08, 0.12, channels).astype(np.float32)
+    zero_point = np.full(channels, 3.0, np.float32)
+    grad = np.random.default_rng(3).standard_normal(x.shape).astype(np.float32)
+    expected, q, inside, s, z = reference(x, scale, zero_point, -8, 7, axis)
+    t = torch.from_numpy(x.copy()).requires_grad_()
+    scale_t = torch.from_numpy(scale.copy()).requires_grad_()
+    zero_t = torch.from_numpy(zero_point.copy()).requires_grad_()
+    out = learnable_fake_quantize(t, scale_t, zero_t, -8, 7, axis, grad_factor=0.25)
+    np.testing.assert_array_equal(out.detach().numpy(), expected)
+    out.backward(torch.from_numpy(grad))
+    below, above = q < -8, q > 7
+    local = np.where(below, -8 - z, np.where(above, 7 - z, np.round(x / s) - x / s))
+    reduce_axes = tuple(d for d in range(x.ndim) if axis is None or d != axis)
+    np.testing.assert_array_equal(t.grad.numpy(), grad * inside)
+    np.testing.assert_allclose(scale_t.grad.numpy(), 0.25 * (grad * local).sum(reduce_axes), rtol=1e-4, atol=1e-4)
+    zero_grad = np.where(inside, 0.0, -grad * s).sum(reduce_axes)
+    np.testing.assert_allclose(zero_t.grad.numpy(), 0.25 * zero_grad, rtol=1e-4, atol=1e-4)
