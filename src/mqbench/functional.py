@@ -22,6 +22,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 
@@ -32,15 +33,15 @@ from mqbench import kernels
 
 __all__ = [
     "EPS",
+    "bits_of_range",
+    "broadcast_to_axis",
+    "ceil_ste",
+    "fake_quantize",
+    "fake_quantize_for_export",
+    "learnable_fake_quantize",
     "qparams_from_range",
     "round_pot",
-    "broadcast_to_axis",
-    "fake_quantize",
-    "learnable_fake_quantize",
-    "fake_quantize_for_export",
     "round_ste",
-    "ceil_ste",
-    "bits_of_range",
 ]
 
 EPS = torch.finfo(torch.float32).eps
@@ -252,10 +253,8 @@ def _register_export_shape_functions() -> None:
         "aten::_fake_quantize_per_tensor_affine_cachemask_tensor_qparams",
         "aten::fake_quantize_per_channel_affine_cachemask",
     ):
-        try:
+        with contextlib.suppress(RuntimeError):  # RuntimeError: it has one already (a newer PyTorch)
             torch.library.register_fake(name)(shapes)
-        except RuntimeError:  # already has one (a newer PyTorch)
-            pass
 
 
 def fake_quantize_for_export(
