@@ -45,5 +45,5 @@ def test_observer_kwargs_and_mqbench_dict():
     assert kwargs["qscheme"] == torch.per_channel_affine
     assert (kwargs["quant_min"], kwargs["quant_max"], kwargs["ch_axis"]) == (0, 15, 0)
     assert QuantScheme().observer_kwargs()["ch_axis"] == -1
-    with pytest.raises(ValueError, match="unknown quantization scheme key 'bitz'.*valid keys: .*bit"):
+    with pytest.raises(ValueError, match=r"unknown quantization scheme key 'bitz'.*valid keys: .*bit"):
         QuantScheme.from_dict({"bitz": 8})

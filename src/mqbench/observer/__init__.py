@@ -16,17 +16,29 @@ Example:
 from __future__ import annotations
 
 from mqbench.observer.base import NonFiniteInputError, ObserverBase
+from mqbench.observer.histogram import HistogramObserver, KLDObserver, PercentileObserver
 from mqbench.observer.minmax import EMAMinMaxObserver, MinMaxFloorObserver, MinMaxObserver, PoTModeObserver
+from mqbench.observer.mse import EMAMSEObserver, MSEObserver
+from mqbench.observer.statistics import ClipStdObserver, EMAQuantileObserver, LSQObserver, LSQPlusObserver
 from mqbench.utils.registry import Registry
 
 __all__ = [
-    "ObserverBase",
-    "NonFiniteInputError",
-    "MinMaxObserver",
+    "ClipStdObserver",
+    "EMAMSEObserver",
     "EMAMinMaxObserver",
+    "EMAQuantileObserver",
+    "HistogramObserver",
+    "KLDObserver",
+    "LSQObserver",
+    "LSQPlusObserver",
+    "MSEObserver",
     "MinMaxFloorObserver",
-    "PoTModeObserver",
+    "MinMaxObserver",
+    "NonFiniteInputError",
+    "ObserverBase",
     "ObserverDict",
+    "PercentileObserver",
+    "PoTModeObserver",
     "register_observer",
 ]
 
@@ -39,6 +51,15 @@ ObserverDict: Registry[type[ObserverBase]] = Registry(
             EMAMinMaxObserver,
             MinMaxFloorObserver,
             PoTModeObserver,
+            EMAQuantileObserver,
+            ClipStdObserver,
+            LSQObserver,
+            LSQPlusObserver,
+            MSEObserver,
+            EMAMSEObserver,
+            HistogramObserver,
+            KLDObserver,
+            PercentileObserver,
         )
     },
 )

@@ -17,7 +17,7 @@ from mqbench.functional import EPS, qparams_from_range
 from mqbench.utils.factory import Factory
 from mqbench.utils.state_dict import resize_to_state_dict
 
-__all__ = ["ObserverBase", "NonFiniteInputError", "default_quant_range"]
+__all__ = ["NonFiniteInputError", "ObserverBase", "default_quant_range"]
 
 _PER_CHANNEL = (torch.per_channel_affine, torch.per_channel_symmetric)
 _SYMMETRIC = (torch.per_tensor_symmetric, torch.per_channel_symmetric)
@@ -36,7 +36,9 @@ def default_quant_range(dtype: torch.dtype, reduce_range: bool) -> tuple[int, in
         return (0, 127) if reduce_range else (0, 255)
     if dtype == torch.qint32:
         return (-(2**31), 2**31 - 1)
-    raise ValueError(f"unsupported observer dtype {dtype}; use torch.quint8 or torch.qint8, or give quant_min/quant_max")
+    raise ValueError(
+        f"unsupported observer dtype {dtype}; use torch.quint8 or torch.qint8, or give quant_min/quant_max"
+    )
 
 
 class ObserverBase(nn.Module):
@@ -145,14 +147,23 @@ class ObserverBase(nn.Module):
     def _update_min_max(self, lo: Tensor, hi: Tensor) -> None:
         """Running min/max (replace on the first batch)."""
         lo, hi = self._shaped(lo), self._shaped(hi)
-        if self.num_batches == 0 or self.min_val.shape != lo.shape:
+        if self.num_batches == 0:
             self.min_val, self.max_val = lo.clone(), hi.clone()
         else:
+            self.check_channels(self.min_val, lo)
             self.min_val, self.max_val = torch.minimum(self.min_val, lo), torch.maximum(self.max_val, hi)
 
     def _shaped(self, stat: Tensor) -> Tensor:
         """Row statistics in buffer form: 0-d per-tensor, ``[C]`` per-channel."""
         return stat if self.is_per_channel else stat.reshape(())
+
+    def check_channels(self, recorded: Tensor, new: Tensor) -> None:
+        """Raise ValueError when a batch's channel count differs from the recorded statistics."""
+        if recorded.shape != new.shape:
+            raise ValueError(
+                f"{self._where()} recorded statistics of shape {list(recorded.shape)} but received a batch "
+                f"with shape {list(new.shape)} along ch_axis={self.ch_axis}; use the same channel axis in every batch"
+            )
 
     def check_finite(self, *stats: Tensor) -> None:
         """Raise :class:`NonFiniteInputError` if any statistic of the batch is NaN or infinite."""

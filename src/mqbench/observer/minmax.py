@@ -10,7 +10,7 @@ from torch import Tensor
 from mqbench.observer.base import ObserverBase
 from mqbench.observer.search import quantization_error
 
-__all__ = ["MinMaxObserver", "EMAMinMaxObserver", "MinMaxFloorObserver", "PoTModeObserver"]
+__all__ = ["EMAMinMaxObserver", "MinMaxFloorObserver", "MinMaxObserver", "PoTModeObserver"]
 
 
 class MinMaxObserver(ObserverBase):
@@ -46,9 +46,10 @@ class EMAMinMaxObserver(ObserverBase):
         lo, hi = torch.aminmax(rows, dim=1)
         self.check_finite(lo, hi)
         lo, hi = self._shaped(lo), self._shaped(hi)
-        if self.num_batches == 0 or self.min_val.shape != lo.shape:
+        if self.num_batches == 0:
             self.min_val, self.max_val = lo.clone(), hi.clone()
         else:
+            self.check_channels(self.min_val, lo)
             r = self.ema_ratio
             self.min_val = self.min_val * r + lo * (1 - r)
             self.max_val = self.max_val * r + hi * (1 - r)
@@ -118,15 +119,18 @@ class PoTModeObserver(ObserverBase):
         self._update_min_max(lo, hi)
         amax = torch.maximum(-lo, hi).clamp(min=0)
         top = _symmetric_pot_exponent(amax, self.quant_max, self.eps)
-        offsets = torch.arange(0, -self.search_width - 1, -1, dtype=top.dtype)
+        offsets = torch.arange(0, -self.search_width - 1, -1, dtype=top.dtype, device=top.device)
         exponents = (top.unsqueeze(1) + offsets).clamp(-self.EXPONENT_OFFSET, self.EXPONENT_OFFSET - 1)
         errors = quantization_error(
             rows, torch.pow(2.0, exponents), torch.zeros_like(exponents), self.quant_min, self.quant_max
         )
         best = exponents.gather(1, errors.argmin(dim=1, keepdim=True)).squeeze(1).long()
-        if self.exponent_counts.shape[0] != rows.shape[0]:
-            self.exponent_counts = torch.zeros(rows.shape[0], 2 * self.EXPONENT_OFFSET, dtype=torch.int64)
-        self.exponent_counts[torch.arange(rows.shape[0]), best + self.EXPONENT_OFFSET] += 1
+        if self.num_batches == 0:
+            self.exponent_counts = torch.zeros(
+                rows.shape[0], 2 * self.EXPONENT_OFFSET, dtype=torch.int64, device=rows.device
+            )
+        self.check_channels(self.exponent_counts[:, 0], best)
+        self.exponent_counts[torch.arange(rows.shape[0], device=rows.device), best + self.EXPONENT_OFFSET] += 1
 
     def calculate_qparams(self) -> tuple[Tensor, Tensor]:
         if not self.calibrated:
