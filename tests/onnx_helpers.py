@@ -57,5 +57,3 @@ def reload(module_state: dict) -> dict:
     torch.save(module_state, buffer)
     buffer.seek(0)
     return torch.load(buffer, weights_only=True)
-
-

@@ -42,6 +42,7 @@ __all__ = [
     "qparams_from_range",
     "round_pot",
     "round_ste",
+    "value_with_gradient_of",
 ]
 
 EPS = torch.finfo(torch.float32).eps
@@ -139,7 +140,7 @@ class _FakeQuantizeSTE(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, scale, zero_point, quant_min, quant_max, axis):  # type: ignore[override]
         if kernels.usable(x):
-            out, inside = kernels.load().fake_quant_forward(x, scale, zero_point, quant_min, quant_max, axis)
+            out, inside = kernels.module().fake_quant_forward(x, scale, zero_point, quant_min, quant_max, axis)
         else:
             s, z = _broadcast(scale, x, axis), _broadcast(zero_point.to(x.dtype), x, axis)
             q = torch.div(x, s).round_().add_(z)
@@ -180,7 +181,7 @@ class _LearnableFakeQuantize(torch.autograd.Function):
         ctx.save_for_backward(x, scale, zero_point)
         ctx.settings = (quant_min, quant_max, axis, grad_factor)
         if kernels.usable(x):
-            return kernels.load().fake_quant_forward(x, scale, zero_point, quant_min, quant_max, axis)[0]
+            return kernels.module().fake_quant_forward(x, scale, zero_point, quant_min, quant_max, axis)[0]
         s, z = _broadcast(scale, x, axis), _broadcast(zero_point, x, axis)
         return torch.div(x, s).round_().add_(z).clamp_(quant_min, quant_max).sub_(z).mul_(s)
 
@@ -189,7 +190,7 @@ class _LearnableFakeQuantize(torch.autograd.Function):
         x, scale, zero_point = ctx.saved_tensors
         quant_min, quant_max, axis, grad_factor = ctx.settings
         if kernels.usable(x, grad):
-            grad_x, grad_scale, grad_zero_point = kernels.load().learnable_backward(
+            grad_x, grad_scale, grad_zero_point = kernels.module().learnable_backward(
                 grad, x, scale, zero_point, quant_min, quant_max, axis
             )
         else:
@@ -222,6 +223,24 @@ def learnable_fake_quantize(
     axis = _axis(x, scale, ch_axis)
     zero_point = round_ste(zero_point.to(x.dtype))
     return _LearnableFakeQuantize.apply(x, scale, zero_point, quant_min, quant_max, axis, grad_factor)
+
+
+class _ValueWithGradientOf(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, value: Tensor, surrogate: Tensor) -> Tensor:  # type: ignore[override]
+        return value
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):  # type: ignore[override]
+        return None, grad
+
+
+def value_with_gradient_of(value: Tensor, surrogate: Tensor) -> Tensor:
+    """``value`` exactly in the forward pass; in the backward pass the gradient goes to ``surrogate``.
+
+    Unlike ``surrogate + (value - surrogate).detach()`` this returns ``value`` bit for bit.
+    """
+    return _ValueWithGradientOf.apply(value, surrogate)
 
 
 def round_ste(x: Tensor) -> Tensor:
@@ -278,7 +297,9 @@ def fake_quantize_for_export(
     if (quant_min, quant_max) != container:
         low = broadcast_to_axis((quant_min - zero_point) * scale, x, ch_axis)
         high = broadcast_to_axis((quant_max - zero_point) * scale, x, ch_axis)
-        x = torch.minimum(torch.maximum(x, low), high)
+        # torch.where rather than clamp/minimum/maximum: onnxscript's optimizer (dynamo=True) fuses
+        # Min/Max into a Clip whose bound names collide when two quantizers read the same tensor.
+        x = torch.where(x < low, low, torch.where(x > high, high, x))
     zero_point = zero_point.to(torch.int32)
     _register_export_shape_functions()
     if ch_axis is None:

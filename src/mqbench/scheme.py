@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["QuantScheme", "MIN_BITS", "MAX_BITS"]
+__all__ = ["MAX_BITS", "MIN_BITS", "QuantScheme"]
 
 MIN_BITS = 2
 MAX_BITS = 16

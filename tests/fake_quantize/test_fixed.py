@@ -1,10 +1,10 @@
 import numpy as np
 import pytest
 import torch
-from onnx_helpers import export_onnx, reload, run_onnx
 
 from mqbench.fake_quantize import FakeQuantizeDict, FixedFakeQuantize, QuantizeBase, register_fake_quantize
 from mqbench.observer import EMAMinMaxObserver, MinMaxObserver, NonFiniteInputError
+from onnx_helpers import export_onnx, reload, run_onnx
 
 SCHEMES = {
     "int8_sym_full": dict(quant_min=-128, quant_max=127, qscheme=torch.per_tensor_symmetric),

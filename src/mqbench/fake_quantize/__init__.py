@@ -11,24 +11,49 @@ Example:
 
 from __future__ import annotations
 
+from mqbench.fake_quantize.dorefa import DoReFaFakeQuantize
+from mqbench.fake_quantize.dsq import DSQFakeQuantize
 from mqbench.fake_quantize.fixed import FixedFakeQuantize
+from mqbench.fake_quantize.lsq import LearnableFakeQuantize
+from mqbench.fake_quantize.nnie import NNIEFakeQuantize
+from mqbench.fake_quantize.pact import PACTFakeQuantize
 from mqbench.fake_quantize.quantize_base import QuantizeBase
+from mqbench.fake_quantize.tqt import TqtFakeQuantize
 from mqbench.utils.registry import Registry
 
 __all__ = [
-    "QuantizeBase",
-    "FixedFakeQuantize",
+    "DSQFakeQuantize",
+    "DoReFaFakeQuantize",
     "FakeQuantizeDict",
+    "FixedFakeQuantize",
+    "LearnableFakeQuantize",
+    "NNIEFakeQuantize",
+    "PACTFakeQuantize",
+    "QuantizeBase",
+    "TqtFakeQuantize",
     "register_fake_quantize",
 ]
 
 FakeQuantizeDict: Registry[type[QuantizeBase]] = Registry(
     "fake quantizer",
-    {cls.__name__: cls for cls in (FixedFakeQuantize,)},
+    {
+        cls.__name__: cls
+        for cls in (
+            FixedFakeQuantize,
+            LearnableFakeQuantize,
+            PACTFakeQuantize,
+            DoReFaFakeQuantize,
+            DSQFakeQuantize,
+            TqtFakeQuantize,
+            NNIEFakeQuantize,
+        )
+    },
 )
 
 
-def register_fake_quantize(cls: type[QuantizeBase], name: str | None = None, replace: bool = False) -> type[QuantizeBase]:
+def register_fake_quantize(
+    cls: type[QuantizeBase], name: str | None = None, replace: bool = False
+) -> type[QuantizeBase]:
     """Make ``cls`` nameable in configurations (usable as a decorator)."""
     if not (isinstance(cls, type) and issubclass(cls, QuantizeBase)):
         raise ValueError(f"register_fake_quantize expects a QuantizeBase subclass, got {cls!r}")

@@ -42,7 +42,7 @@ class QuantizeBase(nn.Module):
         >>> from mqbench.observer import MinMaxObserver
         >>> fq = FixedFakeQuantize(MinMaxObserver, quant_min=-127, quant_max=127, qscheme=torch.per_tensor_symmetric)
         >>> fq(torch.tensor([-1.27, 0.333])).tolist()
-        [-1.2699999809265137, 0.3299999237060547]
+        [-1.2699999809265137, 0.32999998331069946]
     """
 
     observer_enabled: Tensor

@@ -17,7 +17,7 @@ from types import ModuleType
 
 import torch
 
-__all__ = ["load", "usable"]
+__all__ = ["load", "module", "usable"]
 
 _SOURCE = Path(__file__).with_name("fake_quant.cpp")
 
@@ -45,6 +45,14 @@ def load() -> ModuleType | None:
             stacklevel=2,
         )
         return None
+
+
+def module() -> ModuleType:
+    """The compiled extension; call only after :func:`usable` said yes."""
+    extension = load()
+    if extension is None:
+        raise RuntimeError("mqbench's fused kernels are not available; check usable() first")
+    return extension
 
 
 def usable(*tensors: torch.Tensor) -> bool:

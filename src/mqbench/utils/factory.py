@@ -30,4 +30,3 @@ class Factory:
     def __repr__(self) -> str:
         bound = ", ".join(f"{key}={value!r}" for key, value in self.kwargs.items())
         return f"{self.cls.__name__}.with_args({bound})"
-

@@ -24,12 +24,12 @@ from torch import nn
 from mqbench.fake_quantize.quantize_base import QuantizeBase
 
 __all__ = [
-    "enable_calibration",
-    "enable_quantization",
     "disable_all",
     "enable_all",
-    "enable_calibration_woquantization",
+    "enable_calibration",
     "enable_calibration_quantization",
+    "enable_calibration_woquantization",
+    "enable_quantization",
     "quantizers",
 ]
 

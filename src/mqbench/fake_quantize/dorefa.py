@@ -1,0 +1,92 @@
+"""DoReFaFakeQuantize: DoReFa-Net's weight quantizer (Zhou et al., 2016), in MQBench's integer-affine form."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from mqbench.fake_quantize.quantize_base import QuantizeBase, _exporting
+from mqbench.functional import EPS, fake_quantize, fake_quantize_for_export
+from mqbench.observer import MinMaxObserver
+
+__all__ = ["DoReFaFakeQuantize"]
+
+
+class DoReFaFakeQuantize(QuantizeBase):
+    """Weight quantization of DoReFa-Net: tanh normalisation, then fixed fake quantization.
+
+    The tanh normalisation is part of the quantizer: the output is
+    ``fake_quant(w')`` with ``w' = tanh(w) / max|tanh(w)|`` (the maximum over the whole
+    tensor, as in the paper), so its values lie in ``[-1, 1]`` whatever the range of ``w``.
+    The observer records ``w'`` and gives the scale and zero point (buffers, as in
+    :class:`~mqbench.fake_quantize.FixedFakeQuantize`); this is MQBench's variant, an
+    integer-affine grid that deploys as QuantizeLinear/DequantizeLinear, rather than the
+    paper's ``2 * quantize_k((w' + 1) / 2) - 1``.
+
+    Gradients flow through the normalisation by autograd and straight through the rounding
+    (zero outside the grid). ``tanh`` is evaluated in float64 and rounded to the input's
+    dtype, which makes it bit-identical between PyTorch and onnxruntime (their float32
+    ``tanh`` kernels differ in the last bit). With fake quantization disabled the quantizer
+    is the identity (neither normalised nor quantized). The exported graph computes the
+    normalisation (Cast, Tanh, Abs, ReduceMax, Div) before the QuantizeLinear/DequantizeLinear.
+
+    Example:
+        >>> import torch
+        >>> from mqbench.fake_quantize import DoReFaFakeQuantize
+        >>> fq = DoReFaFakeQuantize(quant_min=-127, quant_max=127, qscheme=torch.per_tensor_symmetric)
+        >>> w = torch.tensor([-3.0, -0.5, 0.0, 0.2, 1.0])
+        >>> fq(w).tolist()
+        [-1.0, -0.4645669162273407, 0.0, 0.19685038924217224, 0.7637795209884644]
+        >>> fq.scale
+        tensor([0.0079])
+    """
+
+    scale: Tensor
+    zero_point: Tensor
+
+    def __init__(self, observer: Any = MinMaxObserver, **observer_kwargs: Any) -> None:
+        super().__init__(observer, **observer_kwargs)
+        self.register_buffer("scale", torch.tensor([1.0]))
+        self.register_buffer("zero_point", torch.tensor([0], dtype=torch.int32))
+
+    @staticmethod
+    def normalize(x: Tensor) -> Tensor:
+        """``tanh(x) / max|tanh(x)|`` (tanh in float64, the rest in ``x``'s dtype; differentiable)."""
+        t = torch.tanh(x.double()).to(x.dtype)
+        return t / t.abs().max().clamp(min=EPS)
+
+    def forward(self, x: Tensor) -> Tensor:
+        if _exporting():
+            return super().forward(x)
+        observe, quantize = self._switch("observer"), self._switch("fake_quant")
+        if not (observe or quantize) or x.numel() == 0:
+            return x
+        normalized = self.normalize(x)
+        if observe:
+            self.activation_post_process(normalized.detach())
+            self.update_qparams()
+        if quantize:
+            return fake_quantize(normalized, self.scale, self.zero_point, self.quant_min, self.quant_max, self.axis)
+        return x
+
+    def update_qparams(self) -> None:
+        scale, zero_point = self.calculate_qparams()
+        if self.scale.shape != scale.shape:
+            self.scale = torch.empty_like(scale)
+            self.zero_point = torch.empty_like(zero_point)
+        self.scale.copy_(scale)
+        self.zero_point.copy_(zero_point)
+
+    def quantize(self, x: Tensor) -> Tensor:
+        return fake_quantize(self.normalize(x), self.scale, self.zero_point, self.quant_min, self.quant_max, self.axis)
+
+    def export_qparams(self) -> tuple[Tensor, Tensor]:
+        """The grid applied to the normalised weight ``w'`` (not to ``w``)."""
+        return self.scale, self.zero_point
+
+    def export_forward(self, x: Tensor) -> Tensor:
+        return fake_quantize_for_export(
+            self.normalize(x), self.scale, self.zero_point, self.quant_min, self.quant_max, self.axis
+        )

@@ -1,0 +1,90 @@
+"""Package-wide properties: public names, registries, no deprecated PyTorch quantization."""
+
+import importlib
+import pkgutil
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+import mqbench
+from mqbench.fake_quantize import FakeQuantizeDict, QuantizeBase
+from mqbench.observer import ObserverBase, ObserverDict
+from mqbench.utils.factory import Factory
+
+SOURCE = Path(mqbench.__file__).resolve().parent
+
+
+def test_no_deprecated_torch_quantization_in_sources():
+    # `import torch` itself loads torch.ao.quantization, so the sources are what can be checked.
+    pattern = re.compile(r"torch\.ao\b|torch\.quantization\b|from torch import ao\b|torch\.nn\.quantized\b")
+    offenders = [str(path) for path in SOURCE.rglob("*.py") if pattern.search(path.read_text())]
+    assert offenders == []
+
+
+def test_every_public_module_declares_all():
+    for info in pkgutil.walk_packages(mqbench.__path__, "mqbench."):
+        if info.name.rsplit(".", 1)[-1].startswith("_"):
+            continue
+        module = importlib.import_module(info.name)
+        assert isinstance(getattr(module, "__all__", None), list), f"{info.name} has no __all__"
+        for name in module.__all__:
+            assert hasattr(module, name), f"{info.name}.__all__ names missing {name!r}"
+
+
+EXPECTED_OBSERVERS = {
+    "MinMaxObserver",
+    "EMAMinMaxObserver",
+    "MinMaxFloorObserver",
+    "PoTModeObserver",
+    "EMAQuantileObserver",
+    "ClipStdObserver",
+    "LSQObserver",
+    "LSQPlusObserver",
+    "MSEObserver",
+    "EMAMSEObserver",
+    "HistogramObserver",
+    "KLDObserver",
+    "PercentileObserver",
+}
+EXPECTED_FAKE_QUANTIZERS = {
+    "FixedFakeQuantize",
+    "LearnableFakeQuantize",
+    "PACTFakeQuantize",
+    "DoReFaFakeQuantize",
+    "DSQFakeQuantize",
+    "TqtFakeQuantize",
+    "NNIEFakeQuantize",
+}
+
+
+def test_registries_hold_every_builtin():
+    assert set(ObserverDict) >= EXPECTED_OBSERVERS
+    assert set(FakeQuantizeDict) >= EXPECTED_FAKE_QUANTIZERS
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED_OBSERVERS))
+def test_observer_with_args_builds_and_observes(name):
+    cls = ObserverDict[name]
+    factory = cls.with_args(quant_min=-128, quant_max=127, qscheme=torch.per_tensor_symmetric)
+    assert isinstance(factory, Factory)
+    observer = factory()
+    assert isinstance(observer, ObserverBase) and observer.quant_min == -128
+    x = torch.randn(4, 8, 16)
+    assert observer(x) is x
+    scale, zero_point = observer.calculate_qparams()
+    assert torch.isfinite(scale).all() and (scale > 0).all() and zero_point.dtype == torch.int32
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED_FAKE_QUANTIZERS))
+def test_fake_quantizer_with_args_builds_and_runs(name):
+    cls = FakeQuantizeDict[name]
+    factory = cls.with_args(
+        observer=ObserverDict["MinMaxObserver"], quant_min=-128, quant_max=127, qscheme=torch.per_tensor_symmetric
+    )
+    quantizer = factory()
+    assert isinstance(quantizer, QuantizeBase)
+    x = torch.randn(4, 8, 16)
+    out = quantizer(x)
+    assert out.shape == x.shape and torch.isfinite(out).all()
