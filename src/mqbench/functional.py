@@ -42,7 +42,6 @@ __all__ = [
     "qparams_from_range",
     "round_pot",
     "round_ste",
-    "value_with_gradient_of",
 ]
 
 EPS = torch.finfo(torch.float32).eps
@@ -223,24 +222,6 @@ def learnable_fake_quantize(
     axis = _axis(x, scale, ch_axis)
     zero_point = round_ste(zero_point.to(x.dtype))
     return _LearnableFakeQuantize.apply(x, scale, zero_point, quant_min, quant_max, axis, grad_factor)
-
-
-class _ValueWithGradientOf(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, value: Tensor, surrogate: Tensor) -> Tensor:  # type: ignore[override]
-        return value
-
-    @staticmethod
-    def backward(ctx, grad: Tensor):  # type: ignore[override]
-        return None, grad
-
-
-def value_with_gradient_of(value: Tensor, surrogate: Tensor) -> Tensor:
-    """``value`` exactly in the forward pass; in the backward pass the gradient goes to ``surrogate``.
-
-    Unlike ``surrogate + (value - surrogate).detach()`` this returns ``value`` bit for bit.
-    """
-    return _ValueWithGradientOf.apply(value, surrogate)
 
 
 def round_ste(x: Tensor) -> Tensor:

@@ -14,6 +14,36 @@ from mqbench.observer import MinMaxObserver
 __all__ = ["DoReFaFakeQuantize"]
 
 
+class _TanhNormalize(torch.autograd.Function):
+    """``t / max|t|`` with ``t = tanh(x)``; an explicit backward in ``x``'s dtype.
+
+    With ``m = |t_k|`` the largest magnitude: ``d/dx_j = g_j (1 - t_j^2) / m`` plus, at ``k``,
+    ``-sign(t_k) (1 - t_k^2) sum_i(g_i t_i) / m^2`` (zero when ``m`` sits at its floor).
+    """
+
+    @staticmethod
+    def forward(ctx, x: Tensor) -> Tensor:  # type: ignore[override]
+        t = torch.tanh(x.double()).to(x.dtype)
+        index = t.abs().argmax()
+        m = t.reshape(-1)[index].abs()
+        floored = bool(m < EPS)
+        m = m.clamp(min=EPS)
+        ctx.save_for_backward(t, m, index)
+        ctx.floored = floored
+        return t / m
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):  # type: ignore[override]
+        t, m, index = ctx.saved_tensors
+        slope = 1 - t * t
+        grad_x = grad * slope / m
+        if not ctx.floored:
+            t_k = t.reshape(-1)[index]
+            correction = -torch.sign(t_k) * slope.reshape(-1)[index] * (grad * t).sum() / (m * m)
+            grad_x.reshape(-1)[index] += correction
+        return grad_x
+
+
 class DoReFaFakeQuantize(QuantizeBase):
     """Weight quantization of DoReFa-Net: tanh normalisation, then fixed fake quantization.
 
@@ -54,8 +84,10 @@ class DoReFaFakeQuantize(QuantizeBase):
     @staticmethod
     def normalize(x: Tensor) -> Tensor:
         """``tanh(x) / max|tanh(x)|`` (tanh in float64, the rest in ``x``'s dtype; differentiable)."""
-        t = torch.tanh(x.double()).to(x.dtype)
-        return t / t.abs().max().clamp(min=EPS)
+        if _exporting():  # plain ops, which both ONNX exporters translate
+            t = torch.tanh(x.double()).to(x.dtype)
+            return t / t.abs().max().clamp(min=EPS)
+        return _TanhNormalize.apply(x)
 
     def forward(self, x: Tensor) -> Tensor:
         if _exporting():

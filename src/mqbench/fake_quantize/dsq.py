@@ -7,8 +7,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from mqbench import kernels
 from mqbench.fake_quantize.fixed import FixedFakeQuantize
-from mqbench.functional import broadcast_to_axis, fake_quantize, value_with_gradient_of
+from mqbench.functional import broadcast_to_axis, fake_quantize
 from mqbench.observer import MinMaxObserver
 
 __all__ = ["DSQFakeQuantize", "soft_quantize"]
@@ -42,6 +43,32 @@ def soft_quantize(
     k = torch.log(2.0 / alpha - 1.0)
     phi = torch.tanh(k * (v - lower - 0.5)) / (1.0 - alpha)
     return (lower + 0.5 * (1.0 + phi) - z) * s
+
+
+class _DSQFunction(torch.autograd.Function):
+    """Hard fake quantization forward; the gradient of :func:`soft_quantize` backward."""
+
+    @staticmethod
+    def forward(ctx, x, scale, zero_point, alpha, quant_min, quant_max, ch_axis):  # type: ignore[override]
+        ctx.save_for_backward(x, scale, zero_point, alpha)
+        ctx.settings = (quant_min, quant_max, ch_axis)
+        return fake_quantize(x, scale, zero_point, quant_min, quant_max, ch_axis)
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        x, scale, zero_point, alpha = ctx.saved_tensors
+        quant_min, quant_max, ch_axis = ctx.settings
+        if kernels.usable(x, grad):
+            axis = -1 if ch_axis is None else ch_axis % x.dim()
+            grad_x, grad_alpha = kernels.module().dsq_backward(
+                grad, x, scale, zero_point, float(alpha), quant_min, quant_max, axis
+            )
+            return grad_x, None, None, grad_alpha.to(alpha.dtype), None, None, None
+        with torch.enable_grad():
+            x_, alpha_ = x.detach().requires_grad_(), alpha.detach().requires_grad_()
+            soft = soft_quantize(x_, scale, zero_point, alpha_, quant_min, quant_max, ch_axis)
+            grad_x, grad_alpha = torch.autograd.grad(soft, (x_, alpha_), grad)
+        return grad_x, None, None, grad_alpha, None, None, None
 
 
 class DSQFakeQuantize(FixedFakeQuantize):
@@ -89,9 +116,9 @@ class DSQFakeQuantize(FixedFakeQuantize):
     def quantize(self, x: Tensor) -> Tensor:
         if not self.training or not torch.is_grad_enabled():
             return super().quantize(x)
-        with torch.no_grad():
-            value = fake_quantize(x, self.scale, self.zero_point, self.quant_min, self.quant_max, self.axis)
-        return value_with_gradient_of(value, self.soft_quantize(x))
+        return _DSQFunction.apply(
+            x, self.scale, self.zero_point, self.effective_alpha(), self.quant_min, self.quant_max, self.axis
+        )
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, alpha={self.alpha.detach().tolist()}"

@@ -7,11 +7,36 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from mqbench import kernels
 from mqbench.fake_quantize.quantize_base import QuantizeBase
-from mqbench.functional import fake_quantize, fake_quantize_for_export, qparams_from_range, value_with_gradient_of
+from mqbench.functional import fake_quantize, fake_quantize_for_export, qparams_from_range
 from mqbench.observer import MinMaxObserver
 
 __all__ = ["PACTFakeQuantize"]
+
+
+class _PACTFunction(torch.autograd.Function):
+    """``fake_quant(clip(x, lower, alpha))`` with PACT's straight-through gradients."""
+
+    @staticmethod
+    def forward(ctx, x, alpha, scale, zero_point, quant_min, quant_max, signed):  # type: ignore[override]
+        top = alpha.to(x.dtype)
+        clipped = torch.clamp(x, -top if signed else torch.zeros_like(top), top)
+        ctx.save_for_backward(x, alpha)
+        ctx.signed = signed
+        return fake_quantize(clipped, scale, zero_point, quant_min, quant_max)
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        x, alpha = ctx.saved_tensors
+        if kernels.usable(x, grad):
+            grad_x, grad_alpha = kernels.module().pact_backward(grad, x, float(alpha), ctx.signed)
+            return grad_x, grad_alpha.to(alpha.dtype), None, None, None, None, None
+        above = x >= alpha
+        below = x <= -alpha if ctx.signed else x < 0
+        grad_x = grad.masked_fill(above | below, 0.0)
+        grad_alpha = grad[above].sum() - (grad[below].sum() if ctx.signed else 0.0)
+        return grad_x, grad_alpha.reshape(1).to(alpha.dtype), None, None, None, None, None
 
 
 class PACTFakeQuantize(QuantizeBase):
@@ -78,20 +103,9 @@ class PACTFakeQuantize(QuantizeBase):
     def update_qparams(self) -> None:
         """Nothing to update: the qparams follow ``alpha``; the observer only records."""
 
-    def clip(self, x: Tensor) -> Tensor:
-        """``clip(x, lower, alpha)`` with PACT's gradients to ``x`` and ``alpha``."""
-        alpha = self.alpha
-        clipped = torch.where(x >= alpha, alpha.to(x.dtype), x)
-        if self.signed:
-            return torch.where(x <= -alpha, -alpha.to(x.dtype), clipped)
-        return torch.clamp(clipped, min=0.0)
-
     def quantize(self, x: Tensor) -> Tensor:
-        clipped = self.clip(x)
         scale, zero_point = self._qparams()
-        with torch.no_grad():
-            value = fake_quantize(clipped, scale, zero_point, self.quant_min, self.quant_max)
-        return value_with_gradient_of(value, clipped)
+        return _PACTFunction.apply(x, self.alpha, scale, zero_point, self.quant_min, self.quant_max, self.signed)
 
     def export_qparams(self) -> tuple[Tensor, Tensor]:
         return self._qparams()

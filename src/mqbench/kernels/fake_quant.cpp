@@ -55,12 +55,16 @@ std::vector<torch::Tensor> fake_quant_forward(torch::Tensor x, torch::Tensor sca
   const float lo = static_cast<float>(quant_min), hi = static_cast<float>(quant_max);
   at::parallel_for(0, x.numel(), kGrain, [&](int64_t begin, int64_t end) {
     for_each_run(begin, end, layout, [&](int64_t b, int64_t e, int64_t c) {
-      const float s = ss[c], z = zs[c];
+      // Local copies, not lambda captures: captured references would be reloaded every iteration.
+      const float s = ss[c], z = zs[c], low = lo, high = hi;
+      const float* x_run = xs;
+      float* y_run = ys;
+      bool* mask_run = ms;
 #pragma omp simd
       for (int64_t i = b; i < e; ++i) {
-        const float q = std::nearbyint(xs[i] / s) + z;
-        ms[i] = (q >= lo) & (q <= hi);
-        ys[i] = (std::min(std::max(q, lo), hi) - z) * s;
+        const float q = std::nearbyint(x_run[i] / s) + z;
+        mask_run[i] = (q >= low) & (q <= high);
+        y_run[i] = (std::min(std::max(q, low), high) - z) * s;
       }
     });
   });
@@ -94,17 +98,20 @@ std::vector<torch::Tensor> learnable_backward(torch::Tensor grad, torch::Tensor 
     for (int64_t chunk = chunk_begin; chunk < chunk_end; ++chunk) {
       const int64_t begin = chunk * kGrain, end = std::min(numel, begin + kGrain);
       for_each_run(begin, end, layout, [&](int64_t b, int64_t e, int64_t c) {
-        const float s = ss[c], z = zs[c];
+        const float s = ss[c], z = zs[c], low = lo, high = hi;
+        const float* x_run = xs;
+        const float* g_run = gs;
+        float* dx_run = dx;
         float sum_scale = 0.f, sum_zero = 0.f;
 #pragma omp simd reduction(+ : sum_scale, sum_zero)
         for (int64_t i = b; i < e; ++i) {
-          const float v = xs[i] / s;
+          const float v = x_run[i] / s;
           const float r = std::nearbyint(v);
           const float q = r + z;
-          const bool below = q < lo, above = q > hi;
-          const float g = gs[i];
-          dx[i] = (below | above) ? 0.f : g;
-          const float local = below ? (lo - z) : (above ? (hi - z) : (r - v));
+          const bool below = q < low, above = q > high;
+          const float g = g_run[i];
+          dx_run[i] = (below | above) ? 0.f : g;
+          const float local = below ? (low - z) : (above ? (high - z) : (r - v));
           sum_scale += g * local;
           sum_zero += (below | above) ? -g * s : 0.f;
         }
@@ -116,9 +123,132 @@ std::vector<torch::Tensor> learnable_backward(torch::Tensor grad, torch::Tensor 
   return {grad_x, partial_scale.sum(0).to(torch::kFloat), partial_zero.sum(0).to(torch::kFloat)};
 }
 
+// tanh for the DSQ surrogate gradient, in arithmetic the compiler vectorises:
+// tanh(y) = sign(y) (1 - e) / (1 + e) with e = exp(-2|y|) = exp(-|y| / 8)^16, the inner exp by
+// its Taylor polynomial on [-1.25, 0] (|y| is capped at 10, where tanh is 1 in float32).
+// Relative error below 1e-6; only gradients use it.
+inline float smooth_tanh(float y) {
+  const float r = -std::min(std::fabs(y), 10.f) * 0.125f;
+  float p = 1.f / 362880.f;
+  p = p * r + 1.f / 40320.f;
+  p = p * r + 1.f / 5040.f;
+  p = p * r + 1.f / 720.f;
+  p = p * r + 1.f / 120.f;
+  p = p * r + 1.f / 24.f;
+  p = p * r + 1.f / 6.f;
+  p = p * r + 0.5f;
+  p = p * r + 1.f;
+  p = p * r + 1.f;
+  p = p * p;  // exp(r)^2
+  p = p * p;  // ^4
+  p = p * p;  // ^8
+  p = p * p;  // ^16 = exp(-2|y|)
+  const float t = (1.f - p) / (1.f + p);
+  return y < 0.f ? -t : t;
+}
+
+// DSQ backward: gradients of the soft staircase
+//   soft = (i + (1 + tanh(k u) / (1 - alpha)) / 2 - z) * s,  v = clamp(x / s + z), i = floor(v), u = v - i - 1/2,
+//   k = log(2 / alpha - 1),
+// to x (zero where x / s + z is outside [quant_min, quant_max]) and the summed gradient to alpha.
+std::vector<torch::Tensor> dsq_backward(torch::Tensor grad, torch::Tensor x, torch::Tensor scale,
+                                        torch::Tensor zero_point, double alpha, int64_t quant_min, int64_t quant_max,
+                                        int64_t axis) {
+  grad = grad.contiguous();
+  x = x.contiguous();
+  auto scale_f = scale.to(torch::kFloat).contiguous();
+  auto zero_f = zero_point.to(torch::kFloat).contiguous();
+  const Layout layout = layout_of(x, axis, scale_f.numel());
+  const int64_t numel = x.numel();
+  auto grad_x = torch::empty_like(x);
+  const int64_t chunks = std::max<int64_t>(1, (numel + kGrain - 1) / kGrain);
+  auto partial_alpha = torch::zeros({chunks}, x.options().dtype(torch::kDouble));
+  const float* gs = grad.data_ptr<float>();
+  const float* xs = x.data_ptr<float>();
+  const float* ss = scale_f.data_ptr<float>();
+  const float* zs = zero_f.data_ptr<float>();
+  float* dx = grad_x.data_ptr<float>();
+  double* pa = partial_alpha.data_ptr<double>();
+  const float lo = static_cast<float>(quant_min), hi = static_cast<float>(quant_max);
+  const float a = static_cast<float>(alpha);
+  const float k = std::log(2.f / a - 1.f);
+  const float c = 1.f / (1.f - a);
+  const float dk = -2.f / (a * (2.f - a));
+  at::parallel_for(0, chunks, 1, [&](int64_t chunk_begin, int64_t chunk_end) {
+    for (int64_t chunk = chunk_begin; chunk < chunk_end; ++chunk) {
+      const int64_t begin = chunk * kGrain, end = std::min(numel, begin + kGrain);
+      float sum_alpha = 0.f;
+      for_each_run(begin, end, layout, [&](int64_t b, int64_t e, int64_t ch) {
+        const float s = ss[ch], z = zs[ch];
+        const float low = lo, high = hi, k_local = k, c_local = c, dk_local = dk;
+        const float* x_run = xs;
+        const float* g_run = gs;
+        float* dx_run = dx;
+        float run_sum = 0.f;
+#pragma omp simd reduction(+ : run_sum)
+        for (int64_t i = b; i < e; ++i) {
+          const float raw = x_run[i] / s + z;
+          const bool inside = (raw >= low) & (raw <= high);
+          const float v = std::min(std::max(raw, low), high);
+          const float nearest = std::nearbyint(v);  // floor(v), written so that it vectorises
+          const float u = v - (nearest > v ? nearest - 1.f : nearest) - 0.5f;
+          const float t = smooth_tanh(k_local * u);
+          const float slope = 1.f - t * t;
+          const float g = g_run[i];
+          dx_run[i] = inside ? g * 0.5f * c_local * k_local * slope : 0.f;
+          run_sum += g * 0.5f * s * (c_local * slope * u * dk_local + t * c_local * c_local);
+        }
+        sum_alpha += run_sum;
+      });
+      pa[chunk] += sum_alpha;
+    }
+  });
+  return {grad_x, partial_alpha.sum().to(torch::kFloat).reshape({1})};
+}
+
+// PACT backward for y = fake_quant(clip(x, lower, alpha)), lower = -alpha (signed) or 0:
+// grad_x = grad inside [lower, alpha) (strictly above -alpha when signed), else 0;
+// grad_alpha = sum(grad where x >= alpha) - sum(grad where x <= -alpha) (signed grids only).
+std::vector<torch::Tensor> pact_backward(torch::Tensor grad, torch::Tensor x, double alpha, bool is_signed) {
+  grad = grad.contiguous();
+  x = x.contiguous();
+  const int64_t numel = x.numel();
+  auto grad_x = torch::empty_like(x);
+  const int64_t chunks = std::max<int64_t>(1, (numel + kGrain - 1) / kGrain);
+  auto partial_alpha = torch::zeros({chunks}, x.options().dtype(torch::kDouble));
+  const float* xs = x.data_ptr<float>();
+  const float* gs = grad.data_ptr<float>();
+  float* dx = grad_x.data_ptr<float>();
+  double* pa = partial_alpha.data_ptr<double>();
+  const float top = static_cast<float>(alpha);
+  at::parallel_for(0, chunks, 1, [&](int64_t chunk_begin, int64_t chunk_end) {
+    for (int64_t chunk = chunk_begin; chunk < chunk_end; ++chunk) {
+      const int64_t begin = chunk * kGrain, end = std::min(numel, begin + kGrain);
+      const float* x_run = xs;
+      const float* g_run = gs;
+      float* dx_run = dx;
+      const float high = top;
+      const bool two_sided = is_signed;
+      float sum_alpha = 0.f;
+#pragma omp simd reduction(+ : sum_alpha)
+      for (int64_t i = begin; i < end; ++i) {
+        const float v = x_run[i], g = g_run[i];
+        const bool above = v >= high;
+        const bool below = two_sided ? (v <= -high) : (v < 0.f);
+        dx_run[i] = (above | below) ? 0.f : g;
+        sum_alpha += above ? g : ((below & two_sided) ? -g : 0.f);
+      }
+      pa[chunk] += sum_alpha;
+    }
+  });
+  return {grad_x, partial_alpha.sum().to(torch::kFloat).reshape({1})};
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("fake_quant_forward", &fake_quant_forward, "fused fake quantization forward (output, in-range mask)");
   m.def("learnable_backward", &learnable_backward, "LSQ backward (grad_x, grad_scale sums, grad_zero_point sums)");
+  m.def("pact_backward", &pact_backward, "PACT backward (grad_x, grad_alpha sum)");
+  m.def("dsq_backward", &dsq_backward, "DSQ soft-staircase backward (grad_x, grad_alpha sum)");
 }
