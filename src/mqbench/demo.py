@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from mqbench import kernels
 from mqbench.data import Split, load_digits_split
 from mqbench.fake_quantize import FixedFakeQuantize, LearnableFakeQuantize, QuantizeBase
 from mqbench.models import DigitsCNN
@@ -101,6 +102,8 @@ def run_demo(
 ) -> list[DemoRow]:
     """Run the demo and return its table rows (also printed through ``log``)."""
     torch.manual_seed(seed)
+    if kernels.load() is None:
+        log("(fused CPU kernels unavailable: using the slower PyTorch fallback)")
     train_split, test_split = load_digits_split(seed=seed)
     rows: list[DemoRow] = []
 

@@ -1,8 +1,9 @@
-"""Optional fused CPU kernels, compiled on first use and cached by PyTorch.
+"""Optional fused CPU kernels, compiled on first use and cached per Python environment.
 
 The kernels compute exactly what :mod:`mqbench.functional`'s PyTorch code
 computes (same division, same round-half-to-even) in one pass over the data.
-They are used for float32 CPU tensors when a C++ compiler is available; set
+They are used for float32 CPU tensors when a C++ compiler is available (built once per
+Python environment under ``~/.cache/mqbench/kernels``, or ``MQBENCH_KERNEL_CACHE``); set
 ``MQBENCH_KERNELS=0`` to use the PyTorch code only. If the build fails, mqbench
 warns once and falls back.
 """
@@ -10,7 +11,10 @@ warns once and falls back.
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
+import platform
+import sys
 import warnings
 from pathlib import Path
 from types import ModuleType
@@ -30,9 +34,12 @@ def load() -> ModuleType | None:
     try:
         from torch.utils.cpp_extension import load as build
 
+        directory = _build_directory()
+        directory.mkdir(parents=True, exist_ok=True)
         return build(
             name="mqbench_fake_quant",
             sources=[str(_SOURCE)],
+            build_directory=str(directory),
             extra_cflags=["-O3", "-march=native", "-fopenmp"],
             extra_ldflags=["-fopenmp"],
             verbose=False,
@@ -45,6 +52,13 @@ def load() -> ModuleType | None:
             stacklevel=2,
         )
         return None
+
+
+def _build_directory() -> Path:
+    """One build per Python environment and PyTorch version (they compile against its headers)."""
+    root = Path(os.environ.get("MQBENCH_KERNEL_CACHE", Path.home() / ".cache" / "mqbench" / "kernels"))
+    key = hashlib.sha256(f"{sys.prefix}|{torch.__version__}|{platform.machine()}".encode()).hexdigest()[:16]
+    return root / key
 
 
 def module() -> ModuleType:
