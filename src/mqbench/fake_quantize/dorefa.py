@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from torch import Tensor
 
-from mqbench.fake_quantize.quantize_base import QuantizeBase, _exporting
+from mqbench.fake_quantize.fixed import ObserverQParamsQuantizer
+from mqbench.fake_quantize.quantize_base import _exporting
 from mqbench.functional import EPS, fake_quantize, fake_quantize_for_export
-from mqbench.observer import MinMaxObserver
 
 __all__ = ["DoReFaFakeQuantize"]
 
@@ -44,7 +42,7 @@ class _TanhNormalize(torch.autograd.Function):
         return grad_x
 
 
-class DoReFaFakeQuantize(QuantizeBase):
+class DoReFaFakeQuantize(ObserverQParamsQuantizer):
     """Weight quantization of DoReFa-Net: tanh normalisation, then fixed fake quantization.
 
     The tanh normalisation is part of the quantizer: the output is
@@ -73,14 +71,6 @@ class DoReFaFakeQuantize(QuantizeBase):
         tensor([0.0079])
     """
 
-    scale: Tensor
-    zero_point: Tensor
-
-    def __init__(self, observer: Any = MinMaxObserver, **observer_kwargs: Any) -> None:
-        super().__init__(observer, **observer_kwargs)
-        self.register_buffer("scale", torch.tensor([1.0]))
-        self.register_buffer("zero_point", torch.tensor([0], dtype=torch.int32))
-
     @staticmethod
     def normalize(x: Tensor) -> Tensor:
         """``tanh(x) / max|tanh(x)|`` (tanh in float64, the rest in ``x``'s dtype; differentiable)."""
@@ -103,20 +93,8 @@ class DoReFaFakeQuantize(QuantizeBase):
             return fake_quantize(normalized, self.scale, self.zero_point, self.quant_min, self.quant_max, self.axis)
         return x
 
-    def update_qparams(self) -> None:
-        scale, zero_point = self.calculate_qparams()
-        if self.scale.shape != scale.shape:
-            self.scale = torch.empty_like(scale)
-            self.zero_point = torch.empty_like(zero_point)
-        self.scale.copy_(scale)
-        self.zero_point.copy_(zero_point)
-
     def quantize(self, x: Tensor) -> Tensor:
         return fake_quantize(self.normalize(x), self.scale, self.zero_point, self.quant_min, self.quant_max, self.axis)
-
-    def export_qparams(self) -> tuple[Tensor, Tensor]:
-        """The grid applied to the normalised weight ``w'`` (not to ``w``)."""
-        return self.scale, self.zero_point
 
     def export_forward(self, x: Tensor) -> Tensor:
         return fake_quantize_for_export(

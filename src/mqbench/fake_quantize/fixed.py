@@ -11,19 +11,13 @@ from mqbench.fake_quantize.quantize_base import QuantizeBase
 from mqbench.functional import fake_quantize
 from mqbench.observer import MinMaxObserver
 
-__all__ = ["FixedFakeQuantize"]
+__all__ = ["FixedFakeQuantize", "ObserverQParamsQuantizer"]
 
 
-class FixedFakeQuantize(QuantizeBase):
-    """Fake quantization with the observer's scale and zero point (no learned parameters).
+class ObserverQParamsQuantizer(QuantizeBase):
+    """A quantizer whose ``scale`` / ``zero_point`` buffers are copied from its observer.
 
-    Example:
-        >>> import torch
-        >>> from mqbench.fake_quantize import FixedFakeQuantize
-        >>> fq = FixedFakeQuantize(quant_min=0, quant_max=255)
-        >>> _ = fq(torch.linspace(0, 2.55, 10))
-        >>> fq.scale, fq.zero_point
-        (tensor([0.0100]), tensor([0], dtype=torch.int32))
+    Subclasses implement ``quantize``; the buffers resize to per-channel shapes on first use.
     """
 
     scale: Tensor
@@ -42,8 +36,21 @@ class FixedFakeQuantize(QuantizeBase):
         self.scale.copy_(scale)
         self.zero_point.copy_(zero_point)
 
-    def quantize(self, x: Tensor) -> Tensor:
-        return fake_quantize(x, self.scale, self.zero_point, self.quant_min, self.quant_max, self.axis)
-
     def export_qparams(self) -> tuple[Tensor, Tensor]:
         return self.scale, self.zero_point
+
+
+class FixedFakeQuantize(ObserverQParamsQuantizer):
+    """Fake quantization with the observer's scale and zero point (no learned parameters).
+
+    Example:
+        >>> import torch
+        >>> from mqbench.fake_quantize import FixedFakeQuantize
+        >>> fq = FixedFakeQuantize(quant_min=0, quant_max=255)
+        >>> _ = fq(torch.linspace(0, 2.55, 10))
+        >>> fq.scale, fq.zero_point
+        (tensor([0.0100]), tensor([0], dtype=torch.int32))
+    """
+
+    def quantize(self, x: Tensor) -> Tensor:
+        return fake_quantize(x, self.scale, self.zero_point, self.quant_min, self.quant_max, self.axis)
