@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import math
 
 import numpy as np
@@ -11,14 +10,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mqbench.observer import HistogramObserver, KLDObserver, ObserverDict, PercentileObserver
-
-EPS = float(torch.finfo(torch.float32).eps)
-OBSERVERS = [HistogramObserver, KLDObserver, PercentileObserver]
-PER_TENSOR = {
-    torch.per_channel_affine: torch.per_tensor_affine,
-    torch.per_channel_symmetric: torch.per_tensor_symmetric,
-}
+from mqbench.observer import HistogramObserver, KLDObserver, PercentileObserver
+from observer_helpers import EPS, np_fake_quant, observe
 
 
 def np_qparams(lo: float, hi: float, qmin: int, qmax: int, symmetric: bool) -> tuple[float, int]:
@@ -33,21 +26,6 @@ def np_qparams(lo: float, hi: float, qmin: int, qmax: int, symmetric: bool) -> t
         return float(max(scale, f32(EPS))), 0
     scale = max((hi - lo) / f32(qmax - qmin), f32(EPS))
     return float(scale), int(np.clip(qmin - np.round(lo / scale), qmin, qmax))
-
-
-def np_fake_quant(x: np.ndarray, scale: float, zero_point: int, qmin: int, qmax: int) -> np.ndarray:
-    return (np.clip(np.round(x / scale) + zero_point, qmin, qmax) - zero_point) * scale
-
-
-def observe(obs, data):
-    for x in data:
-        obs(x)
-    return obs
-
-
-def batches(seed: int, shape: tuple[int, ...], count: int = 3) -> list[torch.Tensor]:
-    gen = torch.Generator().manual_seed(seed)
-    return [torch.randn(shape, generator=gen) * (1 + i) + 0.3 * i for i in range(count)]
 
 
 def gaussian_with_outliers(n: int, seed: int) -> torch.Tensor:
@@ -291,101 +269,7 @@ def test_percentile_affine_non_negative_is_one_sided() -> None:
     assert obs.calculate_qparams()[1].tolist() == [0]
 
 
-# -- per-channel ------------------------------------------------------------------------------------
-
-
-def check_per_channel_matches_slices(make, batch_list, axis, qscheme) -> None:
-    per_channel = observe(make(qscheme=qscheme, ch_axis=axis), batch_list)
-    scale, zero_point = per_channel.calculate_qparams()
-    channels = batch_list[0].shape[axis]
-    assert scale.shape == (channels,) and zero_point.shape == (channels,)
-    for c in range(channels):
-        single = observe(make(qscheme=PER_TENSOR[qscheme]), [x.select(axis, c) for x in batch_list])
-        s, z = single.calculate_qparams()
-        torch.testing.assert_close(scale[c : c + 1], s, rtol=1e-6, atol=0)
-        torch.testing.assert_close(zero_point[c : c + 1], z, rtol=0, atol=0)
-
-
-@pytest.mark.parametrize("cls", OBSERVERS)
-@pytest.mark.parametrize("axis", [0, 1, -1])
-@pytest.mark.parametrize("qscheme", [torch.per_channel_symmetric, torch.per_channel_affine])
-def test_per_channel_equals_per_slice(cls, axis: int, qscheme) -> None:
-    data = batches(6, (3, 4, 60), 3)
-    data = [x * torch.arange(1, 5).view(1, 4, 1) for x in data]
-    data[1][0, 0] = data[1][0, 0].abs()  # one channel is non-negative in this batch only
-    make = lambda **kw: cls(quant_min=-8, quant_max=7, bins=128, **kw)  # noqa: E731
-    check_per_channel_matches_slices(make, data, axis, qscheme)
-
-
-@given(
-    shape=st.lists(st.integers(1, 5), min_size=1, max_size=3),
-    axis_choice=st.integers(0, 10),
-    seed=st.integers(0, 2**16),
-    cls=st.sampled_from(OBSERVERS),
-    relu=st.booleans(),
-)
-@settings(max_examples=20, deadline=None)
-def test_per_channel_property(shape: list[int], axis_choice: int, seed: int, cls, relu: bool) -> None:
-    axis = axis_choice % len(shape) - (len(shape) if axis_choice % 2 else 0)
-    data = batches(seed, tuple(shape), 2)
-    if relu:
-        data = [x.relu() for x in data]
-    make = lambda **kw: cls(quant_min=0, quant_max=15, bins=64, **kw)  # noqa: E731
-    check_per_channel_matches_slices(make, data, axis, torch.per_channel_affine)
-
-
 # -- edge cases -------------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("cls", OBSERVERS)
-@pytest.mark.parametrize(("value", "word"), [(float("nan"), "NaN"), (float("inf"), "infinite")])
-def test_non_finite_input_raises(cls, value: float, word: str) -> None:
-    obs = cls()
-    obs(torch.ones(3))
-    with pytest.raises(ValueError, match=word):
-        obs(torch.tensor([1.0, value, 2.0]))
-    assert int(obs.histogram.sum()) == 3  # the bad batch left no trace
-
-
-@pytest.mark.parametrize("cls", OBSERVERS)
-@pytest.mark.parametrize("value", [0.0, 3.5, -2.0, 1e-30, 1e30])
-@pytest.mark.parametrize("qscheme", [torch.per_tensor_affine, torch.per_channel_symmetric])
-def test_constant_input_gives_finite_positive_scale(cls, value: float, qscheme) -> None:
-    obs = cls(quant_min=-128, quant_max=127, qscheme=qscheme, ch_axis=0, bins=256)
-    obs(torch.full((3, 8), value))
-    scale, zero_point = obs.calculate_qparams()
-    assert torch.isfinite(scale).all() and (scale > 0).all()
-    assert ((zero_point >= -128) & (zero_point <= 127)).all()
-
-
-@pytest.mark.parametrize("cls", OBSERVERS)
-def test_out_of_range_ch_axis_raises(cls) -> None:
-    with pytest.raises(ValueError, match="ch_axis"):
-        cls(qscheme=torch.per_channel_symmetric, ch_axis=5)(torch.randn(2, 3))
-
-
-def test_channel_count_change_raises() -> None:
-    obs = HistogramObserver(qscheme=torch.per_channel_symmetric, ch_axis=0)
-    obs(torch.randn(3, 4))
-    with pytest.raises(ValueError, match="channels"):
-        obs(torch.randn(5, 4))
-
-
-@pytest.mark.parametrize("cls", OBSERVERS)
-@pytest.mark.parametrize("qscheme", [torch.per_tensor_affine, torch.per_channel_symmetric])
-def test_state_dict_round_trip(cls, qscheme) -> None:
-    obs = observe(cls(qscheme=qscheme, ch_axis=0, bins=512), batches(7, (4, 300), 3))
-    buffer = io.BytesIO()
-    torch.save(obs.state_dict(), buffer)
-    buffer.seek(0)
-    fresh = cls(qscheme=qscheme, ch_axis=0, bins=512)
-    fresh.load_state_dict(torch.load(buffer, weights_only=True))
-    for a, b in zip(obs.calculate_qparams(), fresh.calculate_qparams(), strict=True):
-        assert torch.equal(a, b)
-    extra = batches(8, (4, 300), 1)[0] * 10  # grows the range: the loaded histogram merges like the original
-    obs(extra)
-    fresh(extra)
-    assert torch.equal(obs.histogram, fresh.histogram)
 
 
 def test_bad_arguments() -> None:
@@ -395,8 +279,3 @@ def test_bad_arguments() -> None:
         PercentileObserver(percentile=0.0)
     with pytest.raises(ValueError, match="stride"):
         KLDObserver(stride=0)
-
-
-def test_registered() -> None:
-    for cls in OBSERVERS:
-        assert ObserverDict[cls.__name__] is cls

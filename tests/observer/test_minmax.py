@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 from collections import Counter
 
 import numpy as np
@@ -11,20 +10,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mqbench.observer import (
-    EMAMinMaxObserver,
-    MinMaxFloorObserver,
-    MinMaxObserver,
-    ObserverDict,
-    PoTModeObserver,
-)
-
-EPS = float(torch.finfo(torch.float32).eps)
-OBSERVERS = [MinMaxObserver, EMAMinMaxObserver, MinMaxFloorObserver, PoTModeObserver]
-PER_TENSOR = {
-    torch.per_channel_affine: torch.per_tensor_affine,
-    torch.per_channel_symmetric: torch.per_tensor_symmetric,
-}
+from mqbench.observer import EMAMinMaxObserver, MinMaxFloorObserver, MinMaxObserver, PoTModeObserver
+from observer_helpers import EPS, batches, np_fake_quant
 
 
 def np_qparams(lo: float, hi: float, qmin: int, qmax: int, symmetric: bool) -> tuple[float, int]:
@@ -35,32 +22,6 @@ def np_qparams(lo: float, hi: float, qmin: int, qmax: int, symmetric: bool) -> t
         return max(scale, EPS), 0
     scale = max((hi - lo) / (qmax - qmin), EPS)
     return scale, int(np.clip(qmin - np.round(lo / scale), qmin, qmax))
-
-
-def np_fake_quant(x: np.ndarray, scale: float, zero_point: int, qmin: int, qmax: int) -> np.ndarray:
-    return (np.clip(np.round(x / scale) + zero_point, qmin, qmax) - zero_point) * scale
-
-
-def batches(seed: int, shape: tuple[int, ...], count: int = 3) -> list[torch.Tensor]:
-    gen = torch.Generator().manual_seed(seed)
-    return [torch.randn(shape, generator=gen) * (1 + i) + 0.3 * i for i in range(count)]
-
-
-def check_per_channel_matches_slices(make, batch_list, axis, qscheme, rtol=1e-6) -> None:
-    per_channel = make(qscheme=qscheme, ch_axis=axis)
-    for x in batch_list:
-        per_channel(x)
-    scale, zero_point = per_channel.calculate_qparams()
-    channels = batch_list[0].shape[axis]
-    assert scale.shape == (channels,) and zero_point.shape == (channels,)
-    for c in range(channels):
-        single = make(qscheme=PER_TENSOR[qscheme])
-        for x in batch_list:
-            single(x.select(axis, c))
-        s, z = single.calculate_qparams()
-        assert s.shape == (1,)
-        torch.testing.assert_close(scale[c : c + 1], s, rtol=rtol, atol=0)
-        torch.testing.assert_close(zero_point[c : c + 1], z, rtol=0, atol=0)
 
 
 # -- formulas ---------------------------------------------------------------------------------------
@@ -156,83 +117,3 @@ def test_pot_mode_tie_goes_to_larger_scale() -> None:
     obs(torch.full((10,), 127.0))  # exponent 0
     obs(torch.full((10,), 254.0))  # exponent 1
     assert obs.calculate_qparams()[0].item() == 2.0
-
-
-# -- per-channel ------------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("cls", OBSERVERS)
-@pytest.mark.parametrize("axis", [0, 1, -1])
-def test_per_channel_equals_per_slice(cls, axis: int) -> None:
-    qschemes = [torch.per_channel_symmetric]
-    if cls in (MinMaxObserver, EMAMinMaxObserver):
-        qschemes.append(torch.per_channel_affine)
-    for qscheme in qschemes:
-        data = batches(5, (3, 4, 5), 3)
-        check_per_channel_matches_slices(lambda **kw: cls(quant_min=-128, quant_max=127, **kw), data, axis, qscheme)
-
-
-@given(
-    shape=st.lists(st.integers(1, 5), min_size=1, max_size=4),
-    axis_choice=st.integers(0, 10),
-    seed=st.integers(0, 2**16),
-    cls=st.sampled_from(OBSERVERS),
-)
-@settings(max_examples=25, deadline=None)
-def test_per_channel_property(shape: list[int], axis_choice: int, seed: int, cls) -> None:
-    axis = axis_choice % len(shape) - (len(shape) if axis_choice % 2 else 0)
-    data = batches(seed, tuple(shape), 2)
-    check_per_channel_matches_slices(
-        lambda **kw: cls(quant_min=0, quant_max=15, **kw), data, axis, torch.per_channel_symmetric
-    )
-
-
-# -- edge cases -------------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("cls", OBSERVERS)
-@pytest.mark.parametrize(("value", "word"), [(float("nan"), "NaN"), (float("inf"), "infinite")])
-def test_non_finite_input_raises(cls, value: float, word: str) -> None:
-    obs = cls()
-    obs.name = "layer1.act"
-    with pytest.raises(ValueError, match=word) as info:
-        obs(torch.tensor([1.0, value, 2.0]))
-    assert "layer1.act" in str(info.value)
-
-
-@pytest.mark.parametrize("cls", OBSERVERS)
-@pytest.mark.parametrize("value", [0.0, 3.5, -2.0])
-@pytest.mark.parametrize("qscheme", [torch.per_tensor_affine, torch.per_channel_symmetric])
-def test_constant_input_gives_finite_positive_scale(cls, value: float, qscheme) -> None:
-    obs = cls(quant_min=-128, quant_max=127, qscheme=qscheme, ch_axis=0)
-    obs(torch.full((3, 8), value))
-    scale, zero_point = obs.calculate_qparams()
-    assert torch.isfinite(scale).all() and (scale > 0).all()
-    assert ((zero_point >= -128) & (zero_point <= 127)).all()
-
-
-@pytest.mark.parametrize("cls", OBSERVERS)
-def test_out_of_range_ch_axis_raises(cls) -> None:
-    obs = cls(qscheme=torch.per_channel_symmetric, ch_axis=3)
-    with pytest.raises(ValueError, match="ch_axis"):
-        obs(torch.randn(2, 3))
-
-
-@pytest.mark.parametrize("cls", OBSERVERS)
-@pytest.mark.parametrize("qscheme", [torch.per_tensor_symmetric, torch.per_channel_symmetric])
-def test_state_dict_round_trip(cls, qscheme) -> None:
-    obs = cls(qscheme=qscheme, ch_axis=0, quant_min=-128, quant_max=127)
-    for x in batches(6, (4, 16), 3):
-        obs(x)
-    buffer = io.BytesIO()
-    torch.save(obs.state_dict(), buffer)
-    buffer.seek(0)
-    fresh = cls(qscheme=qscheme, ch_axis=0, quant_min=-128, quant_max=127)
-    fresh.load_state_dict(torch.load(buffer, weights_only=True))
-    for a, b in zip(obs.calculate_qparams(), fresh.calculate_qparams(), strict=True):
-        assert torch.equal(a, b)
-
-
-def test_registered() -> None:
-    for cls in OBSERVERS:
-        assert ObserverDict[cls.__name__] is cls

@@ -2,23 +2,15 @@
 
 from __future__ import annotations
 
-import io
 import math
 
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
-from mqbench.observer import EMAMSEObserver, MSEObserver, ObserverDict
+from mqbench.observer import EMAMSEObserver, MSEObserver
+from observer_helpers import EPS, observe
 
-EPS = float(torch.finfo(torch.float32).eps)
-OBSERVERS = [MSEObserver, EMAMSEObserver]
-PER_TENSOR = {
-    torch.per_channel_affine: torch.per_tensor_affine,
-    torch.per_channel_symmetric: torch.per_tensor_symmetric,
-}
 GRIDS = [(-128, 127, True), (0, 255, False), (-8, 7, True), (0, 15, False)]
 
 
@@ -63,17 +55,6 @@ def make_data(kind: str, n: int, seed: int) -> torch.Tensor:
     if kind == "relu":
         return torch.relu(torch.randn(n, generator=gen)) ** 1.5
     raise ValueError(kind)
-
-
-def batches(seed: int, shape: tuple[int, ...], count: int = 3) -> list[torch.Tensor]:
-    gen = torch.Generator().manual_seed(seed)
-    return [torch.randn(shape, generator=gen) * (1 + i) + 0.3 * i for i in range(count)]
-
-
-def observe(obs, data):
-    for x in data:
-        obs(x)
-    return obs
 
 
 def qscheme_of(symmetric: bool, per_channel: bool = False):
@@ -171,96 +152,7 @@ def test_ema_mse_averages_per_batch_optimum() -> None:
     assert obs.max_val.item() == pytest.approx(hi, rel=1e-5)
 
 
-# -- per-channel ------------------------------------------------------------------------------------
-
-
-def check_per_channel_matches_slices(make, batch_list, axis, qscheme) -> None:
-    per_channel = observe(make(qscheme=qscheme, ch_axis=axis), batch_list)
-    scale, zero_point = per_channel.calculate_qparams()
-    channels = batch_list[0].shape[axis]
-    assert scale.shape == (channels,) and zero_point.shape == (channels,)
-    for c in range(channels):
-        single = observe(make(qscheme=PER_TENSOR[qscheme]), [x.select(axis, c) for x in batch_list])
-        s, z = single.calculate_qparams()
-        torch.testing.assert_close(scale[c : c + 1], s, rtol=1e-5, atol=0)
-        torch.testing.assert_close(zero_point[c : c + 1], z, rtol=0, atol=0)
-
-
-@pytest.mark.parametrize("cls", OBSERVERS)
-@pytest.mark.parametrize("axis", [0, 1, -1])
-@pytest.mark.parametrize("qscheme", [torch.per_channel_symmetric, torch.per_channel_affine])
-def test_per_channel_equals_per_slice(cls, axis: int, qscheme) -> None:
-    data = batches(8, (3, 4, 40), 3)
-    check_per_channel_matches_slices(lambda **kw: cls(quant_min=-128, quant_max=127, **kw), data, axis, qscheme)
-
-
-@given(
-    shape=st.lists(st.integers(1, 6), min_size=1, max_size=3),
-    axis_choice=st.integers(0, 10),
-    seed=st.integers(0, 2**16),
-    cls=st.sampled_from(OBSERVERS),
-)
-@settings(max_examples=20, deadline=None)
-def test_per_channel_property(shape: list[int], axis_choice: int, seed: int, cls) -> None:
-    axis = axis_choice % len(shape) - (len(shape) if axis_choice % 2 else 0)
-    data = batches(seed, tuple(shape), 2)
-    check_per_channel_matches_slices(
-        lambda **kw: cls(quant_min=-8, quant_max=7, **kw), data, axis, torch.per_channel_symmetric
-    )
-
-
-def test_memory_is_constant_across_batches() -> None:
-    for cls in OBSERVERS:
-        obs = cls(qscheme=torch.per_channel_affine, ch_axis=0)
-        sizes = []
-        for x in batches(9, (4, 30), 5):
-            obs(x)
-            sizes.append(sum(b.numel() for b in obs.buffers()))
-        assert len(set(sizes)) == 1
-
-
 # -- edge cases -------------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("cls", OBSERVERS)
-@pytest.mark.parametrize(("value", "word"), [(float("nan"), "NaN"), (float("inf"), "infinite")])
-def test_non_finite_input_raises(cls, value: float, word: str) -> None:
-    with pytest.raises(ValueError, match=word):
-        cls()(torch.tensor([1.0, value, 2.0]))
-
-
-@pytest.mark.parametrize("cls", OBSERVERS)
-@pytest.mark.parametrize("value", [0.0, 3.5, -2.0])
-@pytest.mark.parametrize("qscheme", [torch.per_tensor_affine, torch.per_channel_symmetric])
-def test_constant_input_gives_finite_positive_scale(cls, value: float, qscheme) -> None:
-    obs = cls(quant_min=-128, quant_max=127, qscheme=qscheme, ch_axis=0)
-    obs(torch.full((3, 8), value))
-    scale, zero_point = obs.calculate_qparams()
-    assert torch.isfinite(scale).all() and (scale > 0).all()
-    assert ((zero_point >= -128) & (zero_point <= 127)).all()
-    if qscheme == torch.per_tensor_affine:  # an affine grid represents a constant exactly
-        x = torch.full((3, 8), value)
-        fq = torch.clamp(torch.round(x / scale[:, None]) + zero_point[:, None], -128, 127) - zero_point[:, None]
-        torch.testing.assert_close(fq * scale[:, None], x, rtol=1e-6, atol=0)
-
-
-@pytest.mark.parametrize("cls", OBSERVERS)
-def test_out_of_range_ch_axis_raises(cls) -> None:
-    with pytest.raises(ValueError, match="ch_axis"):
-        cls(qscheme=torch.per_channel_symmetric, ch_axis=2)(torch.randn(2, 3))
-
-
-@pytest.mark.parametrize("cls", OBSERVERS)
-@pytest.mark.parametrize("qscheme", [torch.per_tensor_affine, torch.per_channel_symmetric])
-def test_state_dict_round_trip(cls, qscheme) -> None:
-    obs = observe(cls(qscheme=qscheme, ch_axis=0), batches(10, (4, 16), 3))
-    buffer = io.BytesIO()
-    torch.save(obs.state_dict(), buffer)
-    buffer.seek(0)
-    fresh = cls(qscheme=qscheme, ch_axis=0)
-    fresh.load_state_dict(torch.load(buffer, weights_only=True))
-    for a, b in zip(obs.calculate_qparams(), fresh.calculate_qparams(), strict=True):
-        assert torch.equal(a, b)
 
 
 def test_bad_arguments() -> None:
@@ -270,8 +162,3 @@ def test_bad_arguments() -> None:
         MSEObserver(p=0)
     with pytest.raises(ValueError, match="ema_ratio"):
         EMAMSEObserver(ema_ratio=1.0)
-
-
-def test_registered() -> None:
-    for cls in OBSERVERS:
-        assert ObserverDict[cls.__name__] is cls

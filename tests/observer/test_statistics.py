@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import math
 
 import numpy as np
@@ -16,43 +15,12 @@ from mqbench.observer import (
     EMAQuantileObserver,
     LSQObserver,
     LSQPlusObserver,
-    ObserverDict,
 )
-
-EPS = float(torch.finfo(torch.float32).eps)
-OBSERVERS = [EMAQuantileObserver, ClipStdObserver, LSQObserver, LSQPlusObserver]
-PER_TENSOR = {
-    torch.per_channel_affine: torch.per_tensor_affine,
-    torch.per_channel_symmetric: torch.per_tensor_symmetric,
-}
-
-
-def batches(seed: int, shape: tuple[int, ...], count: int = 3) -> list[torch.Tensor]:
-    gen = torch.Generator().manual_seed(seed)
-    return [torch.randn(shape, generator=gen) * (1 + i) + 0.3 * i for i in range(count)]
-
-
-def observe(obs, data):
-    for x in data:
-        obs(x)
-    return obs
+from observer_helpers import batches, observe
 
 
 def flat(data) -> np.ndarray:
     return np.concatenate([x.numpy().ravel() for x in data]).astype(np.float64)
-
-
-def check_per_channel_matches_slices(make, batch_list, axis, qscheme, rtol=1e-6) -> None:
-    per_channel = observe(make(qscheme=qscheme, ch_axis=axis), batch_list)
-    scale, zero_point = per_channel.calculate_qparams()
-    channels = batch_list[0].shape[axis]
-    assert scale.shape == (channels,) and zero_point.shape == (channels,)
-    for c in range(channels):
-        single = observe(make(qscheme=PER_TENSOR[qscheme]), [x.select(axis, c) for x in batch_list])
-        s, z = single.calculate_qparams()
-        assert s.shape == (1,)
-        torch.testing.assert_close(scale[c : c + 1], s, rtol=rtol, atol=0)
-        torch.testing.assert_close(zero_point[c : c + 1], z, rtol=0, atol=0)
 
 
 # -- EMAQuantile ----------------------------------------------------------------------------------
@@ -181,104 +149,8 @@ def test_lsq_pot_scale() -> None:
 # -- per-channel ------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("cls", OBSERVERS)
-@pytest.mark.parametrize("axis", [0, 1, -1])
-@pytest.mark.parametrize("qscheme", [torch.per_channel_symmetric, torch.per_channel_affine])
-def test_per_channel_equals_per_slice(cls, axis: int, qscheme) -> None:
-    data = batches(7, (3, 4, 50), 3)
-    check_per_channel_matches_slices(
-        lambda **kw: cls(quant_min=-128, quant_max=127, **kw), data, axis, qscheme, rtol=1e-5
-    )
-
-
-@given(
-    shape=st.lists(st.integers(1, 6), min_size=1, max_size=3),
-    axis_choice=st.integers(0, 10),
-    seed=st.integers(0, 2**16),
-    cls=st.sampled_from(OBSERVERS),
-)
-@settings(max_examples=25, deadline=None)
-def test_per_channel_property(shape: list[int], axis_choice: int, seed: int, cls) -> None:
-    axis = axis_choice % len(shape) - (len(shape) if axis_choice % 2 else 0)
-    data = batches(seed, tuple(shape), 2)
-    check_per_channel_matches_slices(
-        lambda **kw: cls(quant_min=0, quant_max=255, **kw), data, axis, torch.per_channel_affine, rtol=1e-5
-    )
-
-
 def test_per_channel_statistics_have_channel_shape() -> None:
     obs = observe(ClipStdObserver(qscheme=torch.per_channel_affine, ch_axis=1), batches(8, (2, 5, 3), 2))
     assert obs.mean.shape == (5,) and obs.m2.shape == (5,) and obs.count.shape == ()
     lo, hi = obs.clip_range()
     assert lo.shape == hi.shape == (5,)
-
-
-def test_memory_is_constant_across_batches() -> None:
-    for cls in OBSERVERS:
-        obs = cls(qscheme=torch.per_channel_affine, ch_axis=0)
-        sizes = []
-        for x in batches(9, (4, 30), 6):
-            obs(x)
-            sizes.append(sum(b.numel() for b in obs.buffers()))
-        assert len(set(sizes)) == 1, cls
-
-
-# -- edge cases -------------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("cls", OBSERVERS)
-@pytest.mark.parametrize(
-    ("value", "word"), [(float("nan"), "NaN"), (float("inf"), "infinite"), (-math.inf, "infinite")]
-)
-def test_non_finite_input_raises(cls, value: float, word: str) -> None:
-    obs = cls()
-    with pytest.raises(ValueError, match=word):
-        obs(torch.tensor([1.0, value, 2.0]))
-
-
-@pytest.mark.parametrize("cls", OBSERVERS)
-@pytest.mark.parametrize("value", [0.0, 3.5, -2.0])
-@pytest.mark.parametrize("qscheme", [torch.per_tensor_affine, torch.per_channel_symmetric])
-def test_constant_input_gives_finite_positive_scale(cls, value: float, qscheme) -> None:
-    obs = cls(quant_min=-128, quant_max=127, qscheme=qscheme, ch_axis=0)
-    obs(torch.full((3, 8), value))
-    obs(torch.full((3, 8), value))
-    scale, zero_point = obs.calculate_qparams()
-    assert torch.isfinite(scale).all() and (scale > 0).all()
-    assert ((zero_point >= -128) & (zero_point <= 127)).all()
-
-
-@pytest.mark.parametrize("cls", OBSERVERS)
-def test_out_of_range_ch_axis_raises(cls) -> None:
-    with pytest.raises(ValueError, match="ch_axis"):
-        cls(qscheme=torch.per_channel_symmetric, ch_axis=-3)(torch.randn(2, 3))
-
-
-@pytest.mark.parametrize("cls", OBSERVERS)
-@pytest.mark.parametrize("qscheme", [torch.per_tensor_affine, torch.per_channel_symmetric])
-def test_state_dict_round_trip(cls, qscheme) -> None:
-    obs = observe(cls(qscheme=qscheme, ch_axis=0), batches(10, (4, 16), 3))
-    buffer = io.BytesIO()
-    torch.save(obs.state_dict(), buffer)
-    buffer.seek(0)
-    fresh = cls(qscheme=qscheme, ch_axis=0)
-    fresh.load_state_dict(torch.load(buffer, weights_only=True))
-    for a, b in zip(obs.calculate_qparams(), fresh.calculate_qparams(), strict=True):
-        assert torch.equal(a, b)
-    # Loading also restores the running statistics: one more batch agrees too.
-    extra = batches(11, (4, 16), 1)[0]
-    obs(extra)
-    fresh(extra)
-    for a, b in zip(obs.calculate_qparams(), fresh.calculate_qparams(), strict=True):
-        assert torch.equal(a, b)
-
-
-def test_uncalibrated_defaults() -> None:
-    for cls in OBSERVERS:
-        scale, zero_point = cls().calculate_qparams()
-        assert scale.tolist() == [1.0] and zero_point.tolist() == [0]
-
-
-def test_registered() -> None:
-    for cls in OBSERVERS:
-        assert ObserverDict[cls.__name__] is cls

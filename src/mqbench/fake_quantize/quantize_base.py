@@ -47,6 +47,7 @@ class QuantizeBase(nn.Module):
 
     observer_enabled: Tensor
     fake_quant_enabled: Tensor
+    is_quantization_leaf = True  # traced as one call, never entered
 
     def __init__(self, observer: Any = MinMaxObserver, **observer_kwargs: Any) -> None:
         super().__init__()

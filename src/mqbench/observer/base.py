@@ -153,6 +153,16 @@ class ObserverBase(nn.Module):
             self.check_channels(self.min_val, lo)
             self.min_val, self.max_val = torch.minimum(self.min_val, lo), torch.maximum(self.max_val, hi)
 
+    def _update_ema_range(self, lo: Tensor, hi: Tensor, ratio: float) -> None:
+        """Exponential moving average of the range (``ratio`` weights the past; replace on the first batch)."""
+        lo, hi = self._shaped(lo), self._shaped(hi)
+        if self.num_batches == 0:
+            self.min_val, self.max_val = lo.clone(), hi.clone()
+        else:
+            self.check_channels(self.min_val, lo)
+            self.min_val = self.min_val * ratio + lo * (1 - ratio)
+            self.max_val = self.max_val * ratio + hi * (1 - ratio)
+
     def _shaped(self, stat: Tensor) -> Tensor:
         """Row statistics in buffer form: 0-d per-tensor, ``[C]`` per-channel."""
         return stat if self.is_per_channel else stat.reshape(())

@@ -45,14 +45,7 @@ class EMAMinMaxObserver(ObserverBase):
     def _observe(self, rows: Tensor) -> None:
         lo, hi = torch.aminmax(rows, dim=1)
         self.check_finite(lo, hi)
-        lo, hi = self._shaped(lo), self._shaped(hi)
-        if self.num_batches == 0:
-            self.min_val, self.max_val = lo.clone(), hi.clone()
-        else:
-            self.check_channels(self.min_val, lo)
-            r = self.ema_ratio
-            self.min_val = self.min_val * r + lo * (1 - r)
-            self.max_val = self.max_val * r + hi * (1 - r)
+        self._update_ema_range(lo, hi, self.ema_ratio)
 
 
 def _symmetric_pot_exponent(amax: Tensor, quant_max: int, eps: float) -> Tensor:

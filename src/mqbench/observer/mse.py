@@ -107,10 +107,4 @@ class EMAMSEObserver(_RangeSearchObserver):
 
     def _observe(self, rows: Tensor) -> None:
         lo, hi = self.best_range(rows)
-        lo, hi = self._shaped(lo), self._shaped(hi)
-        if self.num_batches == 0 or self.min_val.shape != lo.shape:
-            self.min_val, self.max_val = lo.clone(), hi.clone()
-        else:
-            r = self.ema_ratio
-            self.min_val = self.min_val * r + lo * (1 - r)
-            self.max_val = self.max_val * r + hi * (1 - r)
+        self._update_ema_range(lo, hi, self.ema_ratio)
