@@ -1,0 +1,41 @@
+"""Fused float modules (MQBench's ``mqbench.nn.intrinsic.modules``); see :mod:`.fused`."""
+
+from mqbench.nn.intrinsic.modules.fused import (
+    ACTIVATIONS,
+    ConvBn1d,
+    ConvBn2d,
+    ConvBn3d,
+    ConvBnReLU1d,
+    ConvBnReLU2d,
+    ConvBnReLU3d,
+    ConvReLU1d,
+    ConvReLU2d,
+    ConvReLU3d,
+    ConvTransposeBn2d,
+    ConvTransposeBnReLU2d,
+    ConvTransposeReLU2d,
+    FusedModule,
+    LinearBn1d,
+    LinearBnReLU1d,
+    LinearReLU,
+)
+
+__all__ = [
+    "ACTIVATIONS",
+    "ConvBn1d",
+    "ConvBn2d",
+    "ConvBn3d",
+    "ConvBnReLU1d",
+    "ConvBnReLU2d",
+    "ConvBnReLU3d",
+    "ConvReLU1d",
+    "ConvReLU2d",
+    "ConvReLU3d",
+    "ConvTransposeBn2d",
+    "ConvTransposeBnReLU2d",
+    "ConvTransposeReLU2d",
+    "FusedModule",
+    "LinearBn1d",
+    "LinearBnReLU1d",
+    "LinearReLU",
+]

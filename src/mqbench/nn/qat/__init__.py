@@ -1,0 +1,29 @@
+"""QAT layers (``nnqat``): Conv1d/2d/3d, Linear, ConvTranspose2d and Embedding with a weight fake quantizer."""
+
+from mqbench.nn.qat.modules import (
+    Conv1d,
+    Conv2d,
+    Conv3d,
+    ConvTranspose2d,
+    Embedding,
+    Linear,
+    QATModule,
+    WeightFakeQuantFactory,
+    build_weight_fake_quant,
+    copy_layer_parameters,
+    resolve_weight_fake_quant_factory,
+)
+
+__all__ = [
+    "Conv1d",
+    "Conv2d",
+    "Conv3d",
+    "ConvTranspose2d",
+    "Embedding",
+    "Linear",
+    "QATModule",
+    "WeightFakeQuantFactory",
+    "build_weight_fake_quant",
+    "copy_layer_parameters",
+    "resolve_weight_fake_quant_factory",
+]
