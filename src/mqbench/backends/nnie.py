@@ -1,0 +1,17 @@
+"""The HiSilicon NNIE backend: 8-bit log-domain quantization in front of every int8 op."""
+
+from mqbench.backends.families import EXPLICIT
+from mqbench.backends.spec import BackendSpec, QuantizerSpec
+from mqbench.scheme import QuantScheme
+
+__all__ = ["SPEC"]
+
+SPEC = BackendSpec(
+    name="nnie",
+    weight=QuantizerSpec(QuantScheme(8, symmetric=True), fake_quantize="NNIEFakeQuantize"),
+    activation=QuantizerSpec(
+        QuantScheme(8, symmetric=True), fake_quantize="NNIEFakeQuantize", observer="EMAMinMaxObserver"
+    ),
+    placement=EXPLICIT,
+    description="HiSilicon NNIE, 8-bit logarithmic grid",
+)

@@ -1,0 +1,15 @@
+"""The ONNX QLinear backend: what onnxruntime's QLinear operators need, for an all-integer graph."""
+
+from mqbench.backends.families import QLINEAR
+from mqbench.backends.spec import BackendSpec, QuantizerSpec
+from mqbench.scheme import QuantScheme
+
+__all__ = ["SPEC"]
+
+SPEC = BackendSpec(
+    name="onnx_qnn",
+    weight=QuantizerSpec(QuantScheme(8, symmetric=False)),
+    activation=QuantizerSpec(QuantScheme(8, symmetric=False)),
+    placement=QLINEAR,
+    description="onnxruntime QLinear operators (all-integer ONNX)",
+)

@@ -1,0 +1,9 @@
+"""The ONNX QDQ backend: standard QuantizeLinear/DequantizeLinear for any ONNX runtime, TensorRT's rules."""
+
+from dataclasses import replace
+
+from mqbench.backends import tensorrt
+
+__all__ = ["SPEC"]
+
+SPEC = replace(tensorrt.SPEC, name="qdq", description="ONNX QuantizeLinear/DequantizeLinear (explicit quantization)")

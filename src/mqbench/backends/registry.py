@@ -1,0 +1,118 @@
+"""The backend registry: built-in specs, user registrations, and the read-only ``ParamsTable``.
+
+Example:
+    >>> from mqbench.backends import ParamsTable, register_backend, BackendSpec, Placement
+    >>> "tensorrt" in ParamsTable and len(ParamsTable) >= 14
+    True
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from enum import Enum
+from typing import Any
+
+from mqbench.backends import (
+    academic,
+    academic_nlp,
+    nnie,
+    onnx_qnn,
+    openvino,
+    pplcuda,
+    pplw8a16,
+    qdq,
+    snpe,
+    stpu,
+    tengine_u8,
+    tensorrt,
+    tensorrt_nlp,
+    vitis,
+)
+from mqbench.backends.spec import BackendSpec
+
+__all__ = ["BackendRegistry", "ParamsTable", "register_backend", "resolve_backend"]
+
+_BUILTIN = (
+    academic,
+    tensorrt,
+    snpe,
+    pplw8a16,
+    nnie,
+    vitis,
+    onnx_qnn,
+    pplcuda,
+    openvino,
+    tengine_u8,
+    tensorrt_nlp,
+    academic_nlp,
+    stpu,
+    qdq,
+)
+
+
+def _key(backend: Any) -> str:
+    if isinstance(backend, Enum):
+        backend = backend.value
+    if not isinstance(backend, str):
+        raise ValueError(f"a backend is named by a BackendType, a string or a BackendSpec, got {backend!r}")
+    return backend.lower()
+
+
+class BackendRegistry(Mapping[str, BackendSpec]):
+    """Backend name -> spec. Read-only as a mapping; extended through :meth:`register`."""
+
+    def __init__(self, specs: Mapping[str, BackendSpec]) -> None:
+        self._specs = dict(specs)
+
+    def __getitem__(self, backend: Any) -> BackendSpec:
+        key = _key(backend)
+        if key not in self._specs:
+            raise ValueError(f"unknown backend {backend!r}; valid backends: {', '.join(self._specs)}")
+        return self._specs[key]
+
+    def __contains__(self, backend: object) -> bool:
+        try:
+            return _key(backend) in self._specs
+        except ValueError:
+            return False
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._specs)
+
+    def __len__(self) -> int:
+        return len(self._specs)
+
+    def register(self, name: str, spec: BackendSpec, replace: bool = False) -> BackendSpec:
+        key = _key(name)
+        if key in self._specs and not replace:
+            raise ValueError(f"backend {key!r} is already registered; pass replace=True to override it")
+        if spec.name != key:
+            from dataclasses import replace as dataclass_replace
+
+            spec = dataclass_replace(spec, name=key)
+        self._specs[key] = spec
+        return spec
+
+
+ParamsTable = BackendRegistry({module.SPEC.name: module.SPEC for module in _BUILTIN})
+
+
+def register_backend(name: str, spec: Any, replace: bool = False) -> BackendSpec:
+    """Make ``name`` usable everywhere a backend is accepted.
+
+    ``spec`` is a :class:`BackendSpec` or a declarative ``mqbench.backend_config.BackendConfig``
+    (compiled to a spec). Registering a taken name raises ValueError unless ``replace``.
+    """
+    if not isinstance(spec, BackendSpec):
+        to_spec = getattr(spec, "to_backend_spec", None)
+        if to_spec is None:
+            raise ValueError(f"register_backend expects a BackendSpec or a BackendConfig, got {type(spec).__name__}")
+        spec = to_spec(name)
+    return ParamsTable.register(name, spec, replace)
+
+
+def resolve_backend(backend: Any) -> BackendSpec:
+    """The spec for a BackendType, a registered name or a BackendSpec."""
+    if isinstance(backend, BackendSpec):
+        return backend
+    return ParamsTable[backend]

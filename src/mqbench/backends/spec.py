@@ -1,0 +1,176 @@
+"""BackendSpec: everything that differs between hardware backends, as data.
+
+Example:
+    >>> from mqbench.backends import ParamsTable
+    >>> spec = ParamsTable["tensorrt"]
+    >>> spec.weight.scheme.quant_range, spec.activation.fake_quantize
+    ((-127, 127), 'LearnableFakeQuantize')
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from collections.abc import Set as AbstractSet
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+from typing import Any
+
+from mqbench.scheme import QuantScheme
+from mqbench.utils.factory import Factory
+
+__all__ = ["OP_KINDS", "BackendSpec", "Placement", "QuantizerSpec"]
+
+# The op kinds placement rules speak of (see mqbench.custom_quantizer.ops for how nodes map to them).
+OP_KINDS = frozenset(
+    {
+        "conv",
+        "linear",
+        "deconv",
+        "pool",
+        "add",
+        "mul",
+        "matmul",
+        "concat",
+        "interpolate",
+        "relu",
+        "bn",
+        "flatten",
+        "dropout",
+        "reshape",
+        "hardswish",
+        "sigmoid",
+        "embedding",
+        "layernorm",
+        "softmax",
+        "gelu",
+    }
+)
+
+
+def _frozen(mapping: Mapping[str, Any] | None) -> Mapping[str, Any]:
+    return MappingProxyType(dict(mapping or {}))
+
+
+@dataclass(frozen=True)
+class QuantizerSpec:
+    """One quantizer: its scheme, fake-quantizer and observer (registry names or classes), extra kwargs."""
+
+    scheme: QuantScheme
+    fake_quantize: str | type = "LearnableFakeQuantize"
+    observer: str | type = "MinMaxObserver"
+    fake_quantize_kwargs: Mapping[str, Any] = field(default_factory=lambda: _frozen(None))
+    observer_kwargs: Mapping[str, Any] = field(default_factory=lambda: _frozen(None))
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "fake_quantize_kwargs", _frozen(self.fake_quantize_kwargs))
+        object.__setattr__(self, "observer_kwargs", _frozen(self.observer_kwargs))
+
+    def factory(self) -> Factory:
+        """A factory building this quantizer (resolving registry names now, so typos fail early)."""
+        from mqbench.fake_quantize import FakeQuantizeDict
+        from mqbench.observer import ObserverDict
+
+        fake_quantize = FakeQuantizeDict.resolve(self.fake_quantize)
+        observer = ObserverDict.resolve(self.observer)
+        kwargs = {**self.scheme.observer_kwargs(), **self.observer_kwargs, **self.fake_quantize_kwargs}
+        return fake_quantize.with_args(observer=observer, **kwargs)
+
+    def with_scheme(self, **changes: Any) -> QuantizerSpec:
+        return replace(self, scheme=replace(self.scheme, **changes))
+
+    def describe(self) -> str:
+        s = self.scheme
+        parts = [
+            f"{s.bits}-bit",
+            "sym" if s.symmetric else "asym",
+            f"per-channel(axis {s.ch_axis})" if s.per_channel else "per-tensor",
+            f"[{s.quant_min}, {s.quant_max}]",
+        ]
+        if s.pot_scale:
+            parts.append("pot")
+        name = lambda c: c if isinstance(c, str) else c.__name__  # noqa: E731
+        return f"{' '.join(parts)} {name(self.fake_quantize)}/{name(self.observer)}"
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a backend's activation quantizers go: the integer boundaries of its hardware.
+
+    Attributes:
+        inputs_of: op kinds whose tensor inputs are quantized (each consumer gets the
+            quantized value; other consumers of the same tensor keep the float one).
+        outputs_of: op kinds whose outputs are quantized for every consumer.
+        passthrough: kinds an output quantizer moves past when they are the sole consumer
+            (ReLU after a conv: the hardware quantizes after the activation).
+        network_inputs / network_outputs: quantize the model's inputs / outputs.
+        fused_mul_add: no quantizer between a ``mul`` and the ``add`` it alone feeds.
+        add_needs_activations: quantize an ``add`` only when every input descends from a
+            weighted or normalising op (skips embedding sums and additive attention masks).
+        shared_inputs_of: kinds whose inputs share one quantizer (concat on power-of-two hardware).
+        unsigned_after: kinds whose output is non-negative: quantizers fed by them use an
+            unsigned grid (the activation scheme with ``unsigned=True``).
+        first_last_8bit: the first and last weighted layers keep 8-bit weights and inputs.
+    """
+
+    inputs_of: AbstractSet[str] = frozenset()
+    outputs_of: AbstractSet[str] = frozenset()
+    passthrough: AbstractSet[str] = frozenset()
+    network_inputs: bool = False
+    network_outputs: bool = False
+    fused_mul_add: bool = False
+    add_needs_activations: bool = False
+    shared_inputs_of: AbstractSet[str] = frozenset()
+    unsigned_after: AbstractSet[str] = frozenset()
+    first_last_8bit: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("inputs_of", "outputs_of", "passthrough", "shared_inputs_of", "unsigned_after"):
+            value = frozenset(getattr(self, name))
+            unknown = value - OP_KINDS
+            if unknown:
+                raise ValueError(f"Placement.{name} has unknown op kinds {sorted(unknown)}; valid: {sorted(OP_KINDS)}")
+            object.__setattr__(self, name, value)
+
+    def describe(self) -> str:
+        parts = []
+        if self.inputs_of:
+            parts.append(f"inputs of {', '.join(sorted(self.inputs_of))}")
+        if self.outputs_of:
+            parts.append(f"outputs of {', '.join(sorted(self.outputs_of))}")
+        if self.passthrough:
+            parts.append(f"moved past {', '.join(sorted(self.passthrough))}")
+        flags = {
+            "network_inputs": "network inputs",
+            "network_outputs": "network outputs",
+            "fused_mul_add": "no quantizer between mul and its add",
+            "add_needs_activations": "residual adds only",
+            "first_last_8bit": "first/last layer 8-bit",
+        }
+        parts += [text for attr, text in flags.items() if getattr(self, attr)]
+        if self.shared_inputs_of:
+            parts.append(f"shared input quantizer for {', '.join(sorted(self.shared_inputs_of))}")
+        if self.unsigned_after:
+            parts.append(f"unsigned after {', '.join(sorted(self.unsigned_after))}")
+        return "; ".join(parts)
+
+
+@dataclass(frozen=True)
+class BackendSpec:
+    """Everything about one backend: default quantizers, placement, fusion and deploy steps.
+
+    ``weight`` / ``activation`` may be None (the Academic backends): the user's
+    ``extra_qconfig_dict`` must then supply them.
+    """
+
+    name: str
+    weight: QuantizerSpec | None
+    activation: QuantizerSpec | None
+    placement: Placement
+    fuse: bool = True
+    deploy: tuple[str, ...] = ()
+    description: str = ""
+    model_quantizer: type | None = None  # a ModelQuantizer subclass; None: the rule-driven default
+
+    def __post_init__(self) -> None:
+        if not self.name or self.name != self.name.lower():
+            raise ValueError(f"backend names are lowercase and non-empty, got {self.name!r}")

@@ -1,0 +1,132 @@
+"""Map torch.fx nodes to the op kinds that placement rules speak of.
+
+Example:
+    >>> import torch
+    >>> from torch import fx, nn
+    >>> from mqbench.custom_quantizer.ops import node_kind
+    >>> gm = fx.symbolic_trace(nn.Sequential(nn.Conv2d(1, 1, 1), nn.ReLU()))
+    >>> [node_kind(n, dict(gm.named_modules())) for n in gm.graph.nodes]
+    [None, 'conv', 'relu', None]
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import fx, nn
+
+__all__ = ["FUNCTION_KINDS", "METHOD_KINDS", "MODULE_KINDS", "WEIGHTED_KINDS", "node_kind"]
+
+WEIGHTED_KINDS = frozenset({"conv", "linear", "deconv"})
+
+MODULE_KINDS: dict[type, str] = {
+    nn.Conv1d: "conv",
+    nn.Conv2d: "conv",
+    nn.Conv3d: "conv",
+    nn.Linear: "linear",
+    nn.ConvTranspose1d: "deconv",
+    nn.ConvTranspose2d: "deconv",
+    nn.ConvTranspose3d: "deconv",
+    nn.MaxPool1d: "pool",
+    nn.MaxPool2d: "pool",
+    nn.MaxPool3d: "pool",
+    nn.AvgPool1d: "pool",
+    nn.AvgPool2d: "pool",
+    nn.AvgPool3d: "pool",
+    nn.AdaptiveAvgPool1d: "pool",
+    nn.AdaptiveAvgPool2d: "pool",
+    nn.AdaptiveAvgPool3d: "pool",
+    nn.AdaptiveMaxPool2d: "pool",
+    nn.Upsample: "interpolate",
+    nn.ReLU: "relu",
+    nn.ReLU6: "relu",
+    nn.BatchNorm1d: "bn",
+    nn.BatchNorm2d: "bn",
+    nn.BatchNorm3d: "bn",
+    nn.Flatten: "flatten",
+    nn.Dropout: "dropout",
+    nn.Dropout2d: "dropout",
+    nn.Hardswish: "hardswish",
+    nn.Sigmoid: "sigmoid",
+    nn.Hardsigmoid: "sigmoid",
+    nn.Embedding: "embedding",
+    nn.LayerNorm: "layernorm",
+    nn.Softmax: "softmax",
+    nn.GELU: "gelu",
+}
+
+FUNCTION_KINDS: dict[Callable[..., Any], str] = {
+    F.conv1d: "conv",
+    F.conv2d: "conv",
+    F.conv3d: "conv",
+    F.linear: "linear",
+    F.conv_transpose2d: "deconv",
+    F.max_pool2d: "pool",
+    F.avg_pool2d: "pool",
+    F.adaptive_avg_pool2d: "pool",
+    F.adaptive_max_pool2d: "pool",
+    operator.add: "add",
+    operator.iadd: "add",
+    torch.add: "add",
+    operator.mul: "mul",
+    operator.imul: "mul",
+    torch.mul: "mul",
+    operator.matmul: "matmul",
+    torch.matmul: "matmul",
+    torch.bmm: "matmul",
+    torch.cat: "concat",
+    torch.concat: "concat",
+    F.interpolate: "interpolate",
+    F.relu: "relu",
+    F.relu6: "relu",
+    torch.relu: "relu",
+    torch.flatten: "flatten",
+    F.dropout: "dropout",
+    F.hardswish: "hardswish",
+    torch.sigmoid: "sigmoid",
+    F.sigmoid: "sigmoid",
+    F.hardsigmoid: "sigmoid",
+    F.layer_norm: "layernorm",
+    F.softmax: "softmax",
+    torch.softmax: "softmax",
+    F.gelu: "gelu",
+    torch.reshape: "reshape",
+}
+
+METHOD_KINDS: dict[str, str] = {
+    "add": "add",
+    "add_": "add",
+    "mul": "mul",
+    "mul_": "mul",
+    "matmul": "matmul",
+    "relu": "relu",
+    "relu_": "relu",
+    "sigmoid": "sigmoid",
+    "softmax": "softmax",
+    "flatten": "flatten",
+    "view": "reshape",
+    "reshape": "reshape",
+}
+
+
+def node_kind(node: fx.Node, modules: Mapping[str, nn.Module]) -> str | None:
+    """The op kind of ``node``, or None for placeholders, outputs, attributes and unknown ops."""
+    if node.op == "call_module":
+        module = modules[str(node.target)]
+        declared = getattr(module, "op_kind", None)  # fused and QAT modules declare their kind
+        if isinstance(declared, str):
+            return declared
+        for cls in type(module).__mro__:
+            kind = MODULE_KINDS.get(cls)
+            if kind is not None:
+                return kind
+        return None
+    if node.op == "call_function":
+        return FUNCTION_KINDS.get(node.target)  # type: ignore[arg-type]
+    if node.op == "call_method":
+        return METHOD_KINDS.get(str(node.target))
+    return None

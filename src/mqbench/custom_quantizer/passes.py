@@ -1,0 +1,146 @@
+"""Graph passes of prepare: fuse patterns, swap in QAT modules, insert activation quantizers.
+
+Each pass takes a GraphModule, edits it in place, lints and recompiles it, and returns it.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from torch import fx, nn
+
+from mqbench.custom_quantizer.placement import ActivationSite
+from mqbench.fuser_method_mapping import Pattern
+from mqbench.utils.factory import Factory
+
+__all__ = ["fuse_patterns", "insert_activation_quantizers", "set_submodule", "swap_modules"]
+
+
+def set_submodule(root: nn.Module, qualname: str, module: nn.Module) -> None:
+    parent_name, _, child = qualname.rpartition(".")
+    setattr(root.get_submodule(parent_name) if parent_name else root, child, module)
+
+
+def _finish(gm: fx.GraphModule) -> fx.GraphModule:
+    gm.graph.eliminate_dead_code()
+    gm.graph.lint()
+    gm.recompile()
+    gm.delete_all_unused_submodules()
+    return gm
+
+
+def _matches(node: fx.Node, matcher: Any, modules: Mapping[str, nn.Module]) -> bool:
+    if isinstance(matcher, tuple):
+        return any(_matches(node, m, modules) for m in matcher)
+    if isinstance(matcher, type):
+        return node.op == "call_module" and type(modules[str(node.target)]) is matcher
+    if isinstance(matcher, str):
+        return node.op == "call_method" and node.target == matcher
+    return node.op == "call_function" and node.target is matcher
+
+
+def _match_chain(
+    node: fx.Node, pattern: Pattern, modules: Mapping[str, nn.Module], calls: Counter[str]
+) -> list[fx.Node] | None:
+    if not _matches(node, pattern[0], modules) or calls[str(node.target)] != 1:
+        return None
+    chain = [node]
+    for matcher in pattern[1:]:
+        users = list(chain[-1].users)
+        if len(users) != 1:
+            return None
+        follower = users[0]
+        if not _matches(follower, matcher, modules) or not follower.args or follower.args[0] is not chain[-1]:
+            return None
+        if follower.op == "call_module" and calls[str(follower.target)] != 1:
+            return None
+        chain.append(follower)
+    return chain
+
+
+def fuse_patterns(
+    gm: fx.GraphModule,
+    fuser_methods: Mapping[Pattern, Callable[..., nn.Module]],
+    is_qat: bool,
+    skip: Callable[[fx.Node], bool] = lambda node: False,
+) -> fx.GraphModule:
+    """Replace each chain matching a pattern (longest first) by ``fuser(is_qat, *parts)``.
+
+    A chain fuses only where every intermediate value has a single user and every module in
+    it is called once (a module shared between call sites keeps its own behaviour).
+    """
+    modules = dict(gm.named_modules())
+    calls = Counter(str(n.target) for n in gm.graph.nodes if n.op == "call_module")
+    patterns = sorted(fuser_methods, key=len, reverse=True)
+    for node in list(gm.graph.nodes):
+        if node.graph is not gm.graph or node.op != "call_module" or skip(node):
+            continue
+        for pattern in patterns:
+            chain = _match_chain(node, pattern, modules, calls)
+            if chain is None:
+                continue
+            parts = [modules[str(n.target)] if n.op == "call_module" else n.target for n in chain]
+            fused = fuser_methods[pattern](is_qat, *parts)
+            fused.train(modules[str(node.target)].training)
+            set_submodule(gm, str(node.target), fused)
+            modules[str(node.target)] = fused
+            chain[-1].replace_all_uses_with(node)
+            for follower in reversed(chain[1:]):
+                gm.graph.erase_node(follower)
+            break
+    return _finish(gm)
+
+
+def swap_modules(
+    gm: fx.GraphModule,
+    mapping: Mapping[type, Any],
+    factory_for: Callable[[fx.Node, nn.Module], Factory | None],
+) -> fx.GraphModule:
+    """Swap each called module whose exact type is in ``mapping`` for ``QAT.from_float(module, factory)``.
+
+    ``factory_for`` returns the weight-quantizer factory for a node, or None to keep it float.
+    """
+    swapped: set[str] = set()
+    for node in gm.graph.nodes:
+        if node.op != "call_module" or str(node.target) in swapped:
+            continue
+        module = gm.get_submodule(str(node.target))
+        qat_class = mapping.get(type(module))
+        if qat_class is None:
+            continue
+        factory = factory_for(node, module)
+        if factory is None:
+            continue
+        set_submodule(gm, str(node.target), qat_class.from_float(module, factory))
+        swapped.add(str(node.target))
+    return _finish(gm)
+
+
+def _not(node: fx.Node) -> Callable[[fx.Node], bool]:
+    return lambda user: user is not node
+
+
+def insert_activation_quantizers(
+    gm: fx.GraphModule, sites: Iterable[ActivationSite], factory_for: Callable[[ActivationSite], Factory]
+) -> fx.GraphModule:
+    """Insert ``<value>_post_act_fake_quantizer`` modules; sites of one group share a module."""
+    graph = gm.graph
+    last_placeholder = [n for n in graph.nodes if n.op == "placeholder"][-1:]
+    group_module: dict[int, str] = {}
+    for site in sites:
+        name = group_module.get(site.group)
+        if name is None:
+            name = f"{site.value.name}_post_act_fake_quantizer"
+            gm.add_submodule(name, factory_for(site)())
+            group_module[site.group] = name
+        anchor = last_placeholder[0] if site.value.op == "placeholder" else site.value
+        with graph.inserting_after(anchor):
+            quantized = graph.call_module(name, (site.value,))
+        if site.consumers is None:
+            site.value.replace_all_uses_with(quantized, delete_user_cb=_not(quantized))
+        else:
+            for consumer in site.consumers:
+                consumer.replace_input_with(site.value, quantized)
+    return _finish(gm)

@@ -1,0 +1,187 @@
+"""Where activation quantizers go: one engine driven by a backend's :class:`Placement` rules."""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+
+from torch import fx, nn
+
+from mqbench.backends.spec import Placement
+from mqbench.custom_quantizer.ops import WEIGHTED_KINDS, node_kind
+
+__all__ = ["ActivationSite", "plan_activation_quantizers"]
+
+ALL_USERS = None  # marker: every consumer of the value reads the quantized tensor
+
+_NON_TENSOR_METHODS = frozenset({"size", "dim", "numel", "__len__", "tolist", "item"})
+_ACTIVATION_ANCESTORS = frozenset({"linear", "conv", "deconv", "matmul", "layernorm"})
+
+
+@dataclass
+class ActivationSite:
+    """One activation quantizer: the value it quantizes and who reads the quantized value."""
+
+    value: fx.Node
+    consumers: set[fx.Node] | None = field(default_factory=set)  # None: all users
+    unsigned: bool = False
+    eight_bit: bool = False
+    group: int = -1  # sites of one group share a quantizer module
+
+
+@dataclass(frozen=True)
+class Rules:
+    """Placement rules plus the user's additions and exclusions, resolved for one model."""
+
+    placement: Placement
+    quantize_input: Callable[[fx.Node], bool]
+    excluded: Callable[[fx.Node], bool]
+
+
+def _is_tensor(node: fx.Node, memo: dict[fx.Node, bool]) -> bool:
+    """Best-effort: does the node produce a tensor (not a size, shape entry or Python number)?"""
+    if node in memo:
+        return memo[node]
+    result = True
+    if (node.op == "call_method" and node.target in _NON_TENSOR_METHODS) or (
+        node.op == "call_function" and node.target is getattr
+    ):
+        result = False
+    elif node.op in ("call_function", "call_method") and node.target in (operator.getitem, "__getitem__"):
+        source = node.args[0]
+        result = isinstance(source, fx.Node) and _is_tensor(source, memo)
+    elif node.op in ("call_function", "call_method"):
+        inputs = node.all_input_nodes
+        result = not inputs or any(_is_tensor(a, memo) for a in inputs)
+    memo[node] = result
+    return result
+
+
+def _tensor_args(node: fx.Node, memo: dict[fx.Node, bool]) -> list[fx.Node]:
+    nodes: list[fx.Node] = []
+
+    def collect(argument: fx.Node) -> fx.Node:
+        nodes.append(argument)
+        return argument
+
+    fx.node.map_arg((node.args, node.kwargs), collect)
+    return [n for n in dict.fromkeys(nodes) if n.op != "get_attr" and _is_tensor(n, memo)]
+
+
+def _has_activation_ancestor(node: fx.Node, kinds: Mapping[fx.Node, str | None], memo: dict[fx.Node, bool]) -> bool:
+    if node in memo:
+        return memo[node]
+    memo[node] = False  # cycles cannot occur in a DAG; this also bounds recursion on shared inputs
+    result = kinds.get(node) in _ACTIVATION_ANCESTORS or any(
+        _has_activation_ancestor(a, kinds, memo) for a in node.all_input_nodes
+    )
+    memo[node] = result
+    return result
+
+
+def _single_user(node: fx.Node) -> fx.Node | None:
+    users = list(node.users)
+    return users[0] if len(users) == 1 else None
+
+
+def _ends_in_relu(node: fx.Node, modules: Mapping[str, nn.Module], kinds: Mapping[fx.Node, str | None]) -> bool:
+    if kinds.get(node) == "relu":
+        return True
+    if node.op == "call_module":
+        return bool(getattr(modules[str(node.target)], "ends_with_relu", False))
+    return False
+
+
+def plan_activation_quantizers(
+    graph: fx.Graph,
+    modules: Mapping[str, nn.Module],
+    rules: Rules,
+) -> list[ActivationSite]:
+    """The activation quantizers a backend's rules call for, in graph order."""
+    placement = rules.placement
+    kinds = {node: node_kind(node, modules) for node in graph.nodes}
+    tensor_memo: dict[fx.Node, bool] = {}
+    ancestor_memo: dict[fx.Node, bool] = {}
+    sites: dict[fx.Node, ActivationSite] = {}
+
+    def mark(value: fx.Node, consumer: fx.Node | None) -> ActivationSite | None:
+        if value.op == "get_attr" or not _is_tensor(value, tensor_memo):
+            return None
+        site = sites.setdefault(value, ActivationSite(value))
+        if consumer is None:
+            site.consumers = None
+        elif site.consumers is not None:
+            site.consumers.add(consumer)
+        return site
+
+    weighted = [n for n in graph.nodes if kinds[n] in WEIGHTED_KINDS]
+    edge_layers = {weighted[0], weighted[-1]} if placement.first_last_8bit and weighted else set()
+    shared_groups: list[list[fx.Node]] = []
+
+    for node in graph.nodes:
+        kind = kinds[node]
+        if node.op in ("placeholder", "output", "get_attr") or rules.excluded(node):
+            continue
+        if rules.quantize_input(node):
+            inputs = _tensor_args(node, tensor_memo)
+            if node.op == "call_module" or kind in WEIGHTED_KINDS:
+                inputs = inputs[:1]  # the activation; weights belong to the module
+            elif kind in ("add", "mul", "matmul") and len(inputs) < 2:
+                inputs = []  # an op with a constant is not an integer binary op
+            if kind == "add" and placement.fused_mul_add:
+                inputs = [a for a in inputs if not (kinds[a] == "mul" and _single_user(a) is node)]
+            if (
+                kind == "add"
+                and placement.add_needs_activations
+                and not all(_has_activation_ancestor(a, kinds, ancestor_memo) for a in inputs)
+            ):
+                inputs = []
+            for value in inputs:
+                site = mark(value, node)
+                if site is not None and node in edge_layers:
+                    site.eight_bit = True
+            if kind in placement.shared_inputs_of and len(inputs) > 1:
+                shared_groups.append(inputs)
+        if kind in placement.outputs_of:
+            target = node
+            while (user := _single_user(target)) is not None and kinds[user] in placement.passthrough:
+                target = user
+            mark(target, None)
+
+    if placement.network_inputs:
+        for node in graph.nodes:
+            if node.op == "placeholder" and node.users:
+                mark(node, None)
+    if placement.network_outputs:
+        output = next(n for n in graph.nodes if n.op == "output")
+        for value in _tensor_args(output, tensor_memo):
+            mark(value, output)
+
+    ordered = [sites[n] for n in graph.nodes if n in sites]
+    for site in ordered:
+        site.unsigned = any(kinds.get(site.value) == k for k in placement.unsigned_after) or (
+            "relu" in placement.unsigned_after and _ends_in_relu(site.value, modules, kinds)
+        )
+    _assign_groups(ordered, shared_groups, sites)
+    return ordered
+
+
+def _assign_groups(
+    ordered: list[ActivationSite], shared: Iterable[list[fx.Node]], sites: Mapping[fx.Node, ActivationSite]
+) -> None:
+    parent = list(range(len(ordered)))
+    index = {id(site): i for i, site in enumerate(ordered)}
+
+    def find(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    for values in shared:
+        members = [index[id(sites[v])] for v in values if v in sites]
+        for other in members[1:]:
+            parent[find(other)] = find(members[0])
+    for i, site in enumerate(ordered):
+        site.group = find(i)

@@ -1,0 +1,85 @@
+"""The weight and activation quantizer factories of a prepare call: backend defaults + user overrides."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from mqbench.backends.spec import BackendSpec, QuantizerSpec
+from mqbench.scheme import QuantScheme
+from mqbench.utils.config import check_keys
+from mqbench.utils.factory import Factory
+
+__all__ = ["QConfigPair", "eight_bit_variant", "resolve_qconfig", "unsigned_variant"]
+
+_SIDES = {"w": "weight", "a": "activation"}
+_KEYS = ("observer", "fakequantize", "fakeq_params", "qscheme", "observer_extra_args")
+VALID_QCONFIG_KEYS = tuple(f"{side}_{key}" for side in _SIDES for key in _KEYS)
+
+
+@dataclass(frozen=True)
+class QConfigPair:
+    weight: Factory
+    activation: Factory
+    weight_spec: QuantizerSpec
+    activation_spec: QuantizerSpec
+
+
+def _side(spec: QuantizerSpec | None, side: str, extra: Mapping[str, Any], backend: str) -> QuantizerSpec:
+    given = {key: extra[f"{side}_{key}"] for key in _KEYS if f"{side}_{key}" in extra}
+    if spec is None:
+        missing = [f"{side}_{key}" for key in ("observer", "fakequantize", "qscheme") if key not in given]
+        if missing:
+            raise ValueError(
+                f"backend {backend!r} takes its {_SIDES[side]} quantizer from "
+                f"prepare_custom_config_dict['extra_qconfig_dict']; missing keys: {', '.join(missing)}"
+            )
+        spec = QuantizerSpec(QuantScheme.from_dict(given["qscheme"]), given["fakequantize"], given["observer"])
+    changes: dict[str, Any] = {}
+    if "qscheme" in given:
+        changes["scheme"] = QuantScheme.from_dict(given["qscheme"])
+    if "observer" in given:
+        changes["observer"] = given["observer"]
+    if "fakequantize" in given:
+        changes["fake_quantize"] = given["fakequantize"]
+    if "fakeq_params" in given:
+        changes["fake_quantize_kwargs"] = {**spec.fake_quantize_kwargs, **given["fakeq_params"]}
+    if "observer_extra_args" in given:
+        changes["observer_kwargs"] = {**spec.observer_kwargs, **given["observer_extra_args"]}
+    return replace(spec, **changes)
+
+
+def resolve_qconfig(spec: BackendSpec, extra_qconfig_dict: Mapping[str, Any] | None) -> QConfigPair:
+    """Weight and activation factories for ``spec`` with ``extra_qconfig_dict`` applied.
+
+    Unknown keys raise ValueError listing the valid ones; names of observers and fake
+    quantizers are resolved now, so a typo fails here rather than mid-model.
+    """
+    extra = dict(extra_qconfig_dict or {})
+    check_keys(extra, VALID_QCONFIG_KEYS, "extra_qconfig_dict")
+    weight = _side(spec.weight, "w", extra, spec.name)
+    activation = _side(spec.activation, "a", extra, spec.name)
+    try:
+        weight_factory, activation_factory = weight.factory(), activation.factory()
+    except KeyError as error:
+        raise ValueError(str(error.args[0])) from None
+    return QConfigPair(weight_factory, activation_factory, weight, activation)
+
+
+def unsigned_variant(factory: Factory) -> Factory:
+    """The same quantizer on an unsigned grid of equal width (inputs known to be non-negative)."""
+    low, high = factory.kwargs.get("quant_min"), factory.kwargs.get("quant_max")
+    if low is None or high is None or low >= 0:
+        return factory
+    return factory.with_args(quant_min=0, quant_max=high - low)
+
+
+def eight_bit_variant(factory: Factory) -> Factory:
+    """The same quantizer with an 8-bit grid of the same signedness (first and last layers)."""
+    low = factory.kwargs.get("quant_min")
+    if low is None:
+        return factory
+    return factory.with_args(
+        **({"quant_min": -128, "quant_max": 127} if low < 0 else {"quant_min": 0, "quant_max": 255})
+    )

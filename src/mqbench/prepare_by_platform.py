@@ -1,0 +1,119 @@
+"""prepare_by_platform: a float model in, the backend's quantization simulation out.
+
+Example:
+    >>> import torch
+    >>> from mqbench.prepare_by_platform import prepare_by_platform, BackendType
+    >>> model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.BatchNorm2d(8), torch.nn.ReLU()).eval()
+    >>> qmodel = prepare_by_platform(model, BackendType.Tensorrt)
+    >>> [name for name, _ in qmodel.named_children()]
+    ['0', 'input_1_post_act_fake_quantizer']
+    >>> type(qmodel.get_submodule("0")).__name__, hasattr(qmodel.get_submodule("0"), "weight_fake_quant")
+    ('ConvReLU2d', True)
+"""
+
+from __future__ import annotations
+
+import copy
+import types
+from enum import Enum
+from typing import Any
+
+from torch import fx, nn
+
+from mqbench.backends.registry import resolve_backend
+from mqbench.custom_quantizer.model_quantizer import ModelQuantizer
+from mqbench.custom_quantizer.qconfig import resolve_qconfig
+from mqbench.nn.intrinsic.qat import freeze_bn_stats
+from mqbench.utils.config import check_keys
+from mqbench.utils.tracer import trace, unwrap_model
+
+__all__ = ["BackendType", "prepare_by_platform"]
+
+CONFIG_KEYS = (
+    "extra_qconfig_dict",
+    "extra_quantizer_dict",
+    "extra_fuse_dict",
+    "preserve_attr",
+    "concrete_args",
+    "leaf_module",
+)
+
+
+class BackendType(str, Enum):
+    """The built-in backends; each value is the registered backend name."""
+
+    Academic = "academic"
+    Tensorrt = "tensorrt"
+    SNPE = "snpe"
+    PPLW8A16 = "pplw8a16"
+    NNIE = "nnie"
+    Vitis = "vitis"
+    ONNX_QNN = "onnx_qnn"
+    PPLCUDA = "pplcuda"
+    OPENVINO = "openvino"
+    Tengine_u8 = "tengine_u8"
+    Tensorrt_NLP = "tensorrt_nlp"
+    Academic_NLP = "academic_nlp"
+    STPU = "stpu"
+    QDQ = "qdq"
+
+
+def _preserve_attributes(model: nn.Module, prepared: fx.GraphModule, preserve: dict[str, list[str]]) -> None:
+    for qualname, names in preserve.items():
+        source = model.get_submodule(qualname) if qualname else model
+        try:
+            target: nn.Module = prepared.get_submodule(qualname) if qualname else prepared
+        except AttributeError:
+            target = prepared
+        for name in names:
+            if not hasattr(source, name):
+                raise ValueError(f"preserve_attr: {qualname or 'the model'} has no attribute {name!r}")
+            value = getattr(source, name)
+            if isinstance(value, types.MethodType) and value.__self__ is source:
+                value = types.MethodType(value.__func__, target)  # rebind methods to the prepared model
+            setattr(target, name, value)
+
+
+def prepare_by_platform(
+    model: nn.Module,
+    deploy_backend: Any,
+    prepare_custom_config_dict: dict[str, Any] | None = None,
+    custom_tracer: fx.Tracer | None = None,
+    is_qat: bool | None = None,
+    freeze_bn: bool = False,
+) -> fx.GraphModule:
+    """Trace ``model`` and insert the fake quantizers ``deploy_backend`` calls for.
+
+    Args:
+        model: the float model (DataParallel / DistributedDataParallel wrappers are removed).
+        deploy_backend: a :class:`BackendType`, a registered backend name, or a ``BackendSpec``.
+        prepare_custom_config_dict: ``extra_qconfig_dict``, ``extra_quantizer_dict``,
+            ``extra_fuse_dict``, ``preserve_attr``, ``concrete_args``, ``leaf_module``.
+        custom_tracer: a ``torch.fx.Tracer`` instance (e.g. transformers' ``HFTracer()``).
+        is_qat: fold BatchNorm while training (True) or into the weights now (False);
+            None follows ``model.training``.
+        freeze_bn: QAT with frozen BatchNorm statistics.
+
+    Returns:
+        A ``torch.fx.GraphModule``: weight quantizers are ``<module>.weight_fake_quant``,
+        activation quantizers ``<node>_post_act_fake_quantizer``. The model is not changed.
+    """
+    spec = resolve_backend(deploy_backend)
+    config = dict(prepare_custom_config_dict or {})
+    check_keys(config, CONFIG_KEYS, "prepare_custom_config_dict")
+    qconfig = resolve_qconfig(spec, config.get("extra_qconfig_dict"))
+    model = unwrap_model(model)
+    training = model.training
+    source = model
+    model = copy.deepcopy(model)  # the prepared model owns its modules; the user's model is left as it was
+    if is_qat is None:
+        is_qat = training
+    leaf_modules = tuple(config.get("leaf_module", ()))
+    graph_module = trace(model, config.get("concrete_args"), leaf_modules, custom_tracer)
+    quantizer_class = spec.model_quantizer or ModelQuantizer
+    quantizer = quantizer_class(spec, config.get("extra_quantizer_dict"), config.get("extra_fuse_dict"))
+    prepared = quantizer.prepare(graph_module, qconfig, bool(is_qat))
+    if freeze_bn:
+        prepared.apply(freeze_bn_stats)
+    _preserve_attributes(source, prepared, config.get("preserve_attr", {}))
+    return prepared.train(training)
