@@ -74,8 +74,9 @@ def fuse_patterns(
     modules = dict(gm.named_modules())
     calls = Counter(str(n.target) for n in gm.graph.nodes if n.op == "call_module")
     patterns = sorted(fuser_methods, key=len, reverse=True)
+    erased: set[fx.Node] = set()
     for node in list(gm.graph.nodes):
-        if node.graph is not gm.graph or node.op != "call_module" or skip(node):
+        if node in erased or node.op != "call_module" or skip(node):
             continue
         for pattern in patterns:
             chain = _match_chain(node, pattern, modules, calls)
@@ -89,6 +90,7 @@ def fuse_patterns(
             chain[-1].replace_all_uses_with(node)
             for follower in reversed(chain[1:]):
                 gm.graph.erase_node(follower)
+                erased.add(follower)
             break
     return _finish(gm)
 
