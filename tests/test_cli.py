@@ -31,16 +31,28 @@ def test_demo_rejects_bad_arguments(capsys):
 
 
 @pytest.mark.slow
-def test_demo_trains_and_quantizes(capsys):
-    assert main(["demo"]) == 0
+def test_demo_quantizes_for_every_backend(capsys):
+    from mqbench.backends import ParamsTable
+
+    assert main(["demo", "--epochs", "15", "--qat-epochs", "4"]) == 0
     table = capsys.readouterr().out
     accuracy = {}
     for line in table.splitlines():
-        for name in ("float", "W8A8 fixed (PTQ)", "W4A4 LSQ (PTQ init)", "W4A4 LSQ (QAT)"):
-            if line.startswith(name + " "):
-                accuracy[name] = float(line.split("%")[0].split()[-1]) / 100
-    assert set(accuracy) == {"float", "W8A8 fixed (PTQ)", "W4A4 LSQ (PTQ init)", "W4A4 LSQ (QAT)"}
+        name = line[:24].strip()
+        if "%" in line:
+            accuracy[name] = float(line.split("%")[0].split()[-1]) / 100
     assert accuracy["float"] > 0.93
-    assert abs(accuracy["W8A8 fixed (PTQ)"] - accuracy["float"]) <= 0.02  # 8 bits: no measurable loss
-    assert accuracy["W4A4 LSQ (QAT)"] > 0.9  # QAT recovers most of the 4-bit loss
-    assert accuracy["W4A4 LSQ (QAT)"] >= accuracy["W4A4 LSQ (PTQ init)"] - 0.01
+    for backend in ParamsTable:
+        # 8-bit post-training quantization of a small CNN loses at most a couple of test images in a hundred
+        assert abs(accuracy[f"{backend} (PTQ)"] - accuracy["float"]) <= 0.02, backend
+    assert accuracy["academic W4A4 (QAT)"] > 0.9
+
+
+def test_backends_command_lists_every_backend(capsys):
+    from mqbench.backends import ParamsTable
+
+    assert main(["backends"]) == 0
+    out = capsys.readouterr().out
+    for name, spec in ParamsTable.items():
+        assert f"{name}: {spec.description}" in out
+    assert "inputs of add, concat, conv" in out and "[-127, 127]" in out

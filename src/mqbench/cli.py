@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from mqbench import __version__
 
-__all__ = ["build_parser", "main"]
+__all__ = ["build_parser", "describe_backends", "main"]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -23,6 +23,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"mqbench {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    commands.add_parser("backends", help="list the backends with their quantization schemes and placement rules")
     demo = commands.add_parser("demo", help="run the built-in end-to-end example (no downloads)")
     demo.add_argument("--epochs", type=int, default=30, help="float training epochs (default: 30)")
     demo.add_argument("--qat-epochs", type=int, default=10, help="quantization-aware fine-tune epochs (default: 10)")
@@ -30,9 +31,29 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def describe_backends() -> str:
+    """One block per registered backend: schemes of weights and activations, and where quantizers go."""
+    from mqbench.backends import ParamsTable
+
+    blocks = []
+    for name, spec in ParamsTable.items():
+        weight = spec.weight.describe() if spec.weight else "from extra_qconfig_dict"
+        activation = spec.activation.describe() if spec.activation else "from extra_qconfig_dict"
+        blocks.append(
+            f"{name}: {spec.description}\n"
+            f"  weights:     {weight}\n"
+            f"  activations: {activation}\n"
+            f"  placement:   {spec.placement.describe()}"
+        )
+    return "\n\n".join(blocks)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command == "backends":
+        print(describe_backends())
+        return 0
     if args.command == "demo":
         from mqbench.demo import run_demo
 

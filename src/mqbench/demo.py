@@ -1,35 +1,31 @@
 """The built-in end-to-end example behind ``mqbench demo`` (no downloads).
 
-Trains :class:`mqbench.models.DigitsCNN` on scikit-learn's digits for a few
-seconds, then quantizes its weights and activations with the core fake
-quantizers and reports float vs quantized test accuracy:
-
-* W8A8 fixed: int8 per-channel symmetric weights, uint8 activations, min/max calibration;
-* W4A4 LSQ: 4-bit learnable quantizers, calibrated, then fine-tuned with quantization
-  in the loop (QAT).
+Trains :class:`mqbench.models.DigitsCNN` on scikit-learn's digits for a few seconds, then
+prepares it for every registered backend with :func:`~mqbench.prepare_by_platform.prepare_by_platform`,
+calibrates it (post-training quantization) and reports the test accuracy of each simulation;
+finally a 4-bit model (LSQ weights and activations, Academic backend) is fine-tuned with
+quantization in the loop (QAT).
 """
 
 from __future__ import annotations
 
-import copy
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import nn
 
 from mqbench import kernels
+from mqbench.backends import ParamsTable
 from mqbench.data import Split, load_digits_split
-from mqbench.fake_quantize import FixedFakeQuantize, LearnableFakeQuantize, QuantizeBase
 from mqbench.models import DigitsCNN
-from mqbench.observer import EMAMinMaxObserver, LSQObserver, MinMaxObserver
+from mqbench.prepare_by_platform import prepare_by_platform
 from mqbench.utils.state import enable_calibration, enable_quantization
 
-__all__ = ["DemoRow", "QuantStage", "attach_quantizers", "evaluate", "run_demo", "train"]
-
-QuantizerFactory = Callable[[], QuantizeBase]
+__all__ = ["DemoRow", "academic_config", "calibrate", "evaluate", "run_demo", "train"]
 
 
 @dataclass(frozen=True)
@@ -41,31 +37,18 @@ class DemoRow:
     seconds: float
 
 
-class QuantStage(nn.Module):
-    """A conv or linear layer whose input and weight pass through fake quantizers."""
-
-    def __init__(self, layer: nn.Conv2d | nn.Linear, weight_quantizer: QuantizeBase, input_quantizer: QuantizeBase):
-        super().__init__()
-        self.layer = layer
-        self.weight_fake_quant = weight_quantizer
-        self.input_act_fake_quant = input_quantizer
-
-    def forward(self, x: Tensor) -> Tensor:
-        x = self.input_act_fake_quant(x)
-        weight = self.weight_fake_quant(self.layer.weight)
-        if isinstance(self.layer, nn.Conv2d):
-            return self.layer._conv_forward(x, weight, self.layer.bias)
-        return F.linear(x, weight, self.layer.bias)
-
-
-def attach_quantizers(model: nn.Module, weight: QuantizerFactory, activation: QuantizerFactory) -> nn.Module:
-    """A copy of ``model`` with every Conv2d / Linear wrapped in a :class:`QuantStage`."""
-    model = copy.deepcopy(model)
-    for parent in list(model.modules()):
-        for child_name, child in list(parent.named_children()):
-            if isinstance(child, (nn.Conv2d, nn.Linear)):
-                setattr(parent, child_name, QuantStage(child, weight(), activation()))
-    return model
+def academic_config(bits: int) -> dict[str, Any]:
+    """LSQ quantizers at ``bits`` for the Academic backend (first and last layer stay 8-bit)."""
+    return {
+        "extra_qconfig_dict": {
+            "w_observer": "LSQObserver",
+            "a_observer": "EMAMinMaxObserver",
+            "w_fakequantize": "LearnableFakeQuantize",
+            "a_fakequantize": "LearnableFakeQuantize",
+            "w_qscheme": {"bit": bits, "symmetry": True, "per_channel": True, "pot_scale": False},
+            "a_qscheme": {"bit": bits, "symmetry": False, "per_channel": False, "pot_scale": False},
+        }
+    }
 
 
 def train(model: nn.Module, data: Split, epochs: int, lr: float, seed: int = 0) -> nn.Module:
@@ -107,49 +90,56 @@ def run_demo(
     train_split, test_split = load_digits_split(seed=seed)
     rows: list[DemoRow] = []
 
-    def record(name: str, weights: str, activations: str, model: nn.Module, start: float) -> None:
-        rows.append(DemoRow(name, weights, activations, evaluate(model, test_split), time.perf_counter() - start))
-
     start = time.perf_counter()
     float_model = train(DigitsCNN(), train_split, epochs, lr=3e-3, seed=seed)
-    record("float", "fp32", "fp32", float_model, start)
+    rows.append(DemoRow("float", "fp32", "fp32", evaluate(float_model, test_split), time.perf_counter() - start))
+
+    for name, spec in ParamsTable.items():
+        start = time.perf_counter()
+        config = academic_config(8) if spec.weight is None else None
+        prepared = prepare_by_platform(float_model, name, config)
+        calibrate(prepared, train_split)
+        weights = spec.weight.scheme if spec.weight else None
+        activations = spec.activation.scheme if spec.activation else None
+        rows.append(
+            DemoRow(
+                f"{name} (PTQ)",
+                _scheme_text(weights, "int8 LSQ"),
+                _scheme_text(activations, "uint8 LSQ"),
+                evaluate(prepared, test_split),
+                time.perf_counter() - start,
+            )
+        )
 
     start = time.perf_counter()
-    w8a8 = attach_quantizers(
-        float_model,
-        weight=FixedFakeQuantize.with_args(
-            observer=MinMaxObserver, quant_min=-127, quant_max=127, qscheme=torch.per_channel_symmetric, ch_axis=0
-        ),
-        activation=FixedFakeQuantize.with_args(observer=EMAMinMaxObserver, quant_min=0, quant_max=255),
+    qat_model = prepare_by_platform(float_model.train(), "academic", academic_config(4))
+    calibrate(qat_model, train_split)
+    train(qat_model, train_split, qat_epochs, lr=1e-3, seed=seed + 1)
+    rows.append(
+        DemoRow(
+            "academic W4A4 (QAT)", "int4 LSQ", "uint4 LSQ", evaluate(qat_model, test_split), time.perf_counter() - start
+        )
     )
-    calibrate(w8a8, train_split)
-    record("W8A8 fixed (PTQ)", "int8 per-channel", "uint8", w8a8, start)
-
-    start = time.perf_counter()
-    w4a4 = attach_quantizers(
-        float_model,
-        weight=LearnableFakeQuantize.with_args(
-            observer=LSQObserver, quant_min=-8, quant_max=7, qscheme=torch.per_channel_symmetric, ch_axis=0
-        ),
-        activation=LearnableFakeQuantize.with_args(observer=EMAMinMaxObserver, quant_min=0, quant_max=15),
-    )
-    calibrate(w4a4, train_split)
-    record("W4A4 LSQ (PTQ init)", "int4 per-channel", "uint4", w4a4, start)
-    start = time.perf_counter()
-    train(w4a4, train_split, qat_epochs, lr=1e-3, seed=seed + 1)
-    record("W4A4 LSQ (QAT)", "int4 per-channel", "uint4", w4a4, start)
-
     log(format_table(rows, float_accuracy=rows[0].accuracy))
     return rows
 
 
+def _scheme_text(scheme: Any, default: str) -> str:
+    if scheme is None:
+        return default
+    sign = "u" if scheme.quant_min >= 0 else ""
+    granularity = " per-channel" if scheme.per_channel else ""
+    pot = " pot" if scheme.pot_scale else ""
+    return f"{sign}int{scheme.bits}{granularity}{pot}"
+
+
 def format_table(rows: list[DemoRow], float_accuracy: float) -> str:
-    header = f"{'model':<22}{'weights':<18}{'activations':<13}{'accuracy':>9}{'vs float':>10}{'time':>8}"
+    header = f"{'model':<24}{'weights':<22}{'activations':<14}{'accuracy':>9}{'vs float':>10}{'time':>8}"
     lines = ["DigitsCNN on scikit-learn digits (test split, 450 images)", header, "-" * len(header)]
     for row in rows:
         delta = (row.accuracy - float_accuracy) * 100
         lines.append(
-            f"{row.name:<22}{row.weights:<18}{row.activations:<13}{row.accuracy * 100:>8.1f}%"
+            f"{row.name:<24}{row.weights:<22}{row.activations:<14}{row.accuracy * 100:>8.1f}%"
             f"{delta:>+9.1f}%{row.seconds:>7.1f}s"
         )
     return "\n".join(lines)

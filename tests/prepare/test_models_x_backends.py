@@ -1,0 +1,121 @@
+"""Every backend on every vision model: prepare, calibrate, quantize, train, save and load."""
+
+import io
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from mqbench.models.zoo import VISION_MODELS, outputs_as_tensor, zoo_model
+from mqbench.prepare_by_platform import BackendType, prepare_by_platform
+from mqbench.utils.state import disable_all, enable_calibration, enable_quantization
+
+pytestmark = pytest.mark.slow
+
+ACADEMIC_8BIT = {
+    "extra_qconfig_dict": {
+        "w_observer": "MinMaxObserver",
+        "a_observer": "EMAMinMaxObserver",
+        "w_fakequantize": "LearnableFakeQuantize",
+        "a_fakequantize": "LearnableFakeQuantize",
+        "w_qscheme": {"bit": 8, "symmetry": True, "per_channel": True, "pot_scale": False},
+        "a_qscheme": {"bit": 8, "symmetry": False, "per_channel": False, "pot_scale": False},
+    }
+}
+BACKENDS = [backend.value for backend in BackendType]
+# Centered-cosine floor of the quantized outputs. Linear 8-bit grids; NNIE's log grid (16 levels per
+# octave, up to 2.2% relative rounding error per element) and Vitis' power-of-two scales (up to 2x
+# coarser steps than min/max scaling) lose more, as on their hardware.
+FIDELITY = {"nnie": 0.95, "vitis": 0.95}
+WEIGHTED = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Linear, nn.ConvTranspose2d)
+
+
+def config_for(backend: str) -> dict | None:
+    return ACADEMIC_8BIT if backend.startswith("academic") else None
+
+
+def centered_cosine(reference: torch.Tensor, other: torch.Tensor) -> float:
+    """Cosine of the per-sample deviations from the batch mean (a constant offset cannot pass for fidelity)."""
+    reference = reference - reference.mean(0, keepdim=True)
+    other = other - other.mean(0, keepdim=True)
+    return F.cosine_similarity(reference.flatten(), other.flatten(), dim=0).item()
+
+
+def calibrated(name: str, backend: str) -> tuple[nn.Module, torch.fx.GraphModule]:
+    zoo = zoo_model(name)
+    prepared = prepare_by_platform(zoo.model, backend, config_for(backend))
+    enable_calibration(prepared)
+    with torch.no_grad():
+        prepared(zoo.calibration)
+    return zoo.model, prepared
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("name", VISION_MODELS)
+def test_ptq_simulation(name, backend):
+    zoo = zoo_model(name)
+    model, prepared = calibrated(name, backend)
+    weighted = [m for m in prepared.modules() if isinstance(m, WEIGHTED)]
+    assert weighted, "no weighted layer found"
+    assert all(hasattr(m, "weight_fake_quant") for m in weighted)
+    assert not any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in prepared.modules())  # PTQ folds BN
+    with torch.no_grad():
+        reference = outputs_as_tensor(model(zoo.evaluation))
+        calibrating = outputs_as_tensor(prepared(zoo.evaluation))  # still in calibration mode: float
+        disable_all(prepared)
+        disabled = outputs_as_tensor(prepared(zoo.evaluation))
+        enable_quantization(prepared)
+        quantized = outputs_as_tensor(prepared(zoo.evaluation))
+    scale = reference.abs().max()
+    # folding BN into the weights reorders float arithmetic: equal up to float32 rounding
+    torch.testing.assert_close(calibrating, reference, rtol=1e-4, atol=1e-5 * scale)
+    torch.testing.assert_close(disabled, reference, rtol=1e-4, atol=1e-5 * scale)
+    assert not torch.equal(quantized, reference)
+    assert centered_cosine(reference, quantized) > FIDELITY.get(backend, 0.98)
+
+
+def _loss(output, target_like):
+    output = outputs_as_tensor(output)
+    return F.mse_loss(output, target_like)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("name", VISION_MODELS)
+def test_qat_loss_falls(name, backend):
+    zoo = zoo_model(name)
+    torch.manual_seed(1)
+    model = zoo.make().train()
+    prepared = prepare_by_platform(model, backend, config_for(backend))
+    assert prepared.training
+    x = zoo.calibration[:8]
+    enable_calibration(prepared)
+    with torch.no_grad():
+        target = outputs_as_tensor(prepared(x)).detach() * 0.5 + 0.1  # a reachable regression target
+    enable_quantization(prepared)
+    optimizer = torch.optim.Adam(prepared.parameters(), lr=1e-3)
+    losses = []
+    for _ in range(6):
+        optimizer.zero_grad()
+        loss = _loss(prepared(x), target)
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    assert all(torch.isfinite(torch.tensor(losses)))
+    assert losses[-1] < losses[0]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("name", ["resnet18", "mobilenet_v3", "unet", "vit"])
+def test_state_dict_loads_into_fresh_prepared_model(name, backend):
+    zoo = zoo_model(name)
+    _, prepared = calibrated(name, backend)
+    enable_quantization(prepared)
+    buffer = io.BytesIO()
+    torch.save(prepared.state_dict(), buffer)
+    buffer.seek(0)
+    fresh = prepare_by_platform(zoo.make().eval(), backend, config_for(backend))
+    fresh.load_state_dict(torch.load(buffer, weights_only=True))
+    enable_quantization(fresh)
+    with torch.no_grad():
+        assert torch.equal(outputs_as_tensor(fresh(zoo.evaluation)), outputs_as_tensor(prepared(zoo.evaluation)))
