@@ -13,8 +13,11 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import gc
 import types
+from collections.abc import Iterator
 from enum import Enum
 from typing import Any
 
@@ -74,6 +77,17 @@ def _preserve_attributes(model: nn.Module, prepared: fx.GraphModule, preserve: d
             setattr(target, name, value)
 
 
+@contextlib.contextmanager
+def _garbage_collection_paused() -> Iterator[None]:
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def prepare_by_platform(
     model: nn.Module,
     deploy_backend: Any,
@@ -109,10 +123,11 @@ def prepare_by_platform(
     if is_qat is None:
         is_qat = training
     leaf_modules = tuple(config.get("leaf_module", ()))
-    graph_module = trace(model, config.get("concrete_args"), leaf_modules, custom_tracer)
     quantizer_class = spec.model_quantizer or ModelQuantizer
     quantizer = quantizer_class(spec, config.get("extra_quantizer_dict"), config.get("extra_fuse_dict"))
-    prepared = quantizer.prepare(graph_module, qconfig, bool(is_qat))
+    with _garbage_collection_paused():  # graph passes allocate many small objects; collect once afterwards
+        graph_module = trace(model, config.get("concrete_args"), leaf_modules, custom_tracer)
+        prepared = quantizer.prepare(graph_module, qconfig, bool(is_qat))
     if freeze_bn:
         prepared.apply(freeze_bn_stats)
     _preserve_attributes(source, prepared, config.get("preserve_attr", {}))

@@ -24,7 +24,7 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -208,8 +208,10 @@ def fold_bn_into(module: nn.Module, bn: _BatchNorm) -> nn.Module:
             bn.bias if bn.affine else None,
             transpose=isinstance(module, nn.modules.conv._ConvTransposeNd),
         )
-        folded = base(**{**kwargs, "bias": True})
-        cast(Tensor, folded.weight).copy_(weight)
-        cast(Tensor, folded.bias).copy_(bias)
+        # skip_init: no random initialisation of parameters that are replaced on the next lines
+        folded = torch.nn.utils.skip_init(base, **{**kwargs, "bias": True, "device": "meta"})
+    trainable = bool(getattr(module.weight, "requires_grad", True))
+    folded.weight = nn.Parameter(weight.detach().contiguous(), requires_grad=trainable)
+    folded.bias = nn.Parameter(bias.detach().contiguous(), requires_grad=trainable)
     folded.train(module.training)
     return folded

@@ -12,6 +12,7 @@ the float module's parameters and buffers (it shares nothing with ``mod``).
 
 from __future__ import annotations
 
+import contextvars
 import copy
 from collections.abc import Callable
 from typing import Any, ClassVar, TypeVar
@@ -86,6 +87,10 @@ def _describe(value: object) -> str:
     return f"shape {list(value.shape)}" if isinstance(value, Tensor) else repr(value)
 
 
+# Set while from_float builds a module whose parameters it overwrites right after.
+_SKIP_RESET: contextvars.ContextVar[bool] = contextvars.ContextVar("mqbench_qat_skip_reset", default=False)
+
+
 class QATModule(nn.Module):
     """Mixin of every QAT module (listed first among the bases, before the float layer).
 
@@ -126,7 +131,11 @@ class QATModule(nn.Module):
         factory = resolve_weight_fake_quant_factory(mod, weight_fake_quant_factory, cls.__name__)
         parts = list(mod) if isinstance(mod, FusedModule) else [mod]
         layer = parts[0]
-        qat = cls(**cls._layer_kwargs(layer), weight_fake_quant_factory=factory)
+        token = _SKIP_RESET.set(True)  # the weights are copied in next: skip the random init
+        try:
+            qat = cls(**cls._layer_kwargs(layer), weight_fake_quant_factory=factory)
+        finally:
+            _SKIP_RESET.reset(token)
         copy_layer_parameters(qat, layer)
         for part in parts[1:]:
             setattr(qat, "bn" if isinstance(part, _BatchNorm) else "relu", copy.deepcopy(part))
@@ -135,6 +144,11 @@ class QATModule(nn.Module):
             qat.qconfig = qconfig
         qat.train(mod.training)
         return qat
+
+    def reset_parameters(self) -> None:
+        """The float layer's initialisation, skipped while :meth:`from_float` builds the module."""
+        if not _SKIP_RESET.get():
+            super().reset_parameters()  # type: ignore[misc]
 
     def _float_layer(self) -> nn.Module:
         """A plain float layer with this module's (unquantized) weights."""
