@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import operator
-from collections.abc import Callable, Iterable, Mapping
+import typing
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+import torch
 from torch import fx, nn
 
 from mqbench.backends.spec import Placement
@@ -58,7 +60,8 @@ def _is_tensor(node: fx.Node, memo: dict[fx.Node, bool]) -> bool:
     return result
 
 
-def _tensor_args(node: fx.Node, memo: dict[fx.Node, bool]) -> list[fx.Node]:
+def _tensor_args(node: fx.Node, memo: dict[fx.Node, bool], unique: bool = True) -> list[fx.Node]:
+    """The tensor-valued nodes among ``node``'s arguments (each once unless ``unique`` is False)."""
     nodes: list[fx.Node] = []
 
     def collect(argument: fx.Node) -> fx.Node:
@@ -66,7 +69,7 @@ def _tensor_args(node: fx.Node, memo: dict[fx.Node, bool]) -> list[fx.Node]:
         return argument
 
     fx.node.map_arg((node.args, node.kwargs), collect)
-    return [n for n in dict.fromkeys(nodes) if n.op != "get_attr" and _is_tensor(n, memo)]
+    return [n for n in (dict.fromkeys(nodes) if unique else nodes) if n.op != "get_attr" and _is_tensor(n, memo)]
 
 
 def _has_activation_ancestor(node: fx.Node, kinds: Mapping[fx.Node, str | None], memo: dict[fx.Node, bool]) -> bool:
@@ -91,6 +94,48 @@ def _ends_in_relu(node: fx.Node, modules: Mapping[str, nn.Module], kinds: Mappin
     if node.op == "call_module":
         return bool(getattr(modules[str(node.target)], "ends_with_relu", False))
     return False
+
+
+_CONTAINER_NAMES = frozenset({"dict", "Dict", "Mapping", "list", "List", "tuple", "Tuple", "Sequence"})
+_SCALAR_NAMES = frozenset({"bool", "int", "float", "complex", "str"})
+
+
+def _is_getitem(node: fx.Node) -> bool:
+    return node.op == "call_function" and node.target is operator.getitem
+
+
+def _annotation(node: fx.Node) -> str | None:
+    """'container', 'scalar' or None (a tensor or unknown) from a placeholder's type annotation."""
+    annotation = typing.get_origin(node.type) or node.type
+    if isinstance(annotation, str):  # postponed annotations (from __future__ import annotations)
+        name = annotation.split("[", 1)[0].rsplit(".", 1)[-1].strip()
+        return "container" if name in _CONTAINER_NAMES else "scalar" if name in _SCALAR_NAMES else None
+    if isinstance(annotation, type) and issubclass(annotation, (bool, int, float, complex, str)):
+        return "scalar"
+    if isinstance(annotation, type) and issubclass(annotation, (Mapping, Sequence)):
+        return "container"
+    return None
+
+
+def _is_guard(node: fx.Node) -> bool:
+    """A check torch.fx adds for a ``concrete_args`` value (``_assert(x == value)`` / ``_assert_is_none(x)``)."""
+    if node.op != "call_function":
+        return False
+    if node.target is torch._assert or getattr(node.target, "__name__", None) == "_assert_is_none":
+        return True
+    return node.target is operator.eq and bool(node.users) and all(_is_guard(user) for user in node.users)
+
+
+def _input_tensors(node: fx.Node) -> list[fx.Node]:
+    """The tensors a network input carries: itself, or the items read from a dict / list / tuple input."""
+    if not node.users or all(_is_guard(user) for user in node.users):
+        return []  # unused, or a value fixed by concrete_args
+    kind = _annotation(node) if node.op == "placeholder" else None
+    if kind == "scalar":
+        return []
+    if kind == "container" or (node.type is None and all(_is_getitem(user) for user in node.users)):
+        return [value for user in node.users if _is_getitem(user) for value in _input_tensors(user)]
+    return [node]
 
 
 def plan_activation_quantizers(
@@ -127,8 +172,8 @@ def plan_activation_quantizers(
             inputs = _tensor_args(node, tensor_memo)
             if node.op == "call_module" or kind in WEIGHTED_KINDS:
                 inputs = inputs[:1]  # the activation; weights belong to the module
-            elif kind in ("add", "mul", "matmul") and len(inputs) < 2:
-                inputs = []  # an op with a constant is not an integer binary op
+            elif kind in ("add", "mul", "matmul") and len(_tensor_args(node, tensor_memo, unique=False)) < 2:
+                inputs = []  # an op with a constant is not an integer binary op (x * x is)
             if kind == "add" and placement.fused_mul_add:
                 inputs = [a for a in inputs if not (kinds[a] == "mul" and _single_user(a) is node)]
             if (
@@ -141,8 +186,11 @@ def plan_activation_quantizers(
                 site = mark(value, node)
                 if site is not None and node in edge_layers:
                     site.eight_bit = True
-            if kind in placement.shared_inputs_of and len(inputs) > 1:
-                shared_groups.append(inputs)
+        if kind in placement.shared_inputs_of:
+            # the quantizers of these inputs (input- or output-placed) share one module
+            shared = _tensor_args(node, tensor_memo)
+            if len(shared) > 1:
+                shared_groups.append(shared)
         if kind in placement.outputs_of:
             target = node
             while (user := _single_user(target)) is not None and kinds[user] in placement.passthrough:
@@ -151,8 +199,9 @@ def plan_activation_quantizers(
 
     if placement.network_inputs:
         for node in graph.nodes:
-            if node.op == "placeholder" and node.users:
-                mark(node, None)
+            if node.op == "placeholder":
+                for value in _input_tensors(node):
+                    mark(value, None)
     if placement.network_outputs:
         output = next(n for n in graph.nodes if n.op == "output")
         for value in _tensor_args(output, tensor_memo):

@@ -15,6 +15,7 @@ __all__ = ["QConfigPair", "eight_bit_variant", "resolve_qconfig", "unsigned_vari
 
 _SIDES = {"w": "weight", "a": "activation"}
 _KEYS = ("observer", "fakequantize", "fakeq_params", "qscheme", "observer_extra_args")
+_REQUIRED = ("observer", "fakequantize", "qscheme")  # when the backend has no default quantizer
 VALID_QCONFIG_KEYS = tuple(f"{side}_{key}" for side in _SIDES for key in _KEYS)
 
 
@@ -26,15 +27,9 @@ class QConfigPair:
     activation_spec: QuantizerSpec
 
 
-def _side(spec: QuantizerSpec | None, side: str, extra: Mapping[str, Any], backend: str) -> QuantizerSpec:
+def _side(spec: QuantizerSpec | None, side: str, extra: Mapping[str, Any]) -> QuantizerSpec:
     given = {key: extra[f"{side}_{key}"] for key in _KEYS if f"{side}_{key}" in extra}
     if spec is None:
-        missing = [f"{side}_{key}" for key in ("observer", "fakequantize", "qscheme") if key not in given]
-        if missing:
-            raise ValueError(
-                f"backend {backend!r} takes its {_SIDES[side]} quantizer from "
-                f"prepare_custom_config_dict['extra_qconfig_dict']; missing keys: {', '.join(missing)}"
-            )
         spec = QuantizerSpec(QuantScheme.from_dict(given["qscheme"]), given["fakequantize"], given["observer"])
     changes: dict[str, Any] = {}
     if "qscheme" in given:
@@ -58,8 +53,20 @@ def resolve_qconfig(spec: BackendSpec, extra_qconfig_dict: Mapping[str, Any] | N
     """
     extra = dict(extra_qconfig_dict or {})
     check_keys(extra, VALID_QCONFIG_KEYS, "extra_qconfig_dict")
-    weight = _side(spec.weight, "w", extra, spec.name)
-    activation = _side(spec.activation, "a", extra, spec.name)
+    missing = [
+        f"{side}_{key}"
+        for side, default in (("w", spec.weight), ("a", spec.activation))
+        if default is None
+        for key in _REQUIRED
+        if f"{side}_{key}" not in extra
+    ]
+    if missing:  # every missing key at once, weight and activation
+        raise ValueError(
+            f"backend {spec.name!r} takes its quantizers from prepare_custom_config_dict['extra_qconfig_dict']; "
+            f"missing keys: {', '.join(missing)}"
+        )
+    weight = _side(spec.weight, "w", extra)
+    activation = _side(spec.activation, "a", extra)
     try:
         weight_factory, activation_factory = weight.factory(), activation.factory()
     except KeyError as error:

@@ -10,10 +10,13 @@ Example:
 
 from __future__ import annotations
 
+import os
 import traceback
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
+import torch
 from torch import fx, nn
 
 __all__ = ["QuantizationTracer", "TracingError", "trace", "unwrap_model"]
@@ -45,12 +48,20 @@ class QuantizationTracer(fx.Tracer):
         return super().is_leaf_module(m, module_qualified_name)
 
 
+# The installed torch and mqbench packages (not any path that merely contains "torch" or "mqbench").
+_LIBRARY_ROOTS = tuple(str(p.resolve()) for p in (Path(torch.__file__).parent, Path(__file__).parents[1]))
+
+
+def _in_library(filename: str) -> bool:
+    path = os.path.realpath(filename)
+    return any(path == root or path.startswith(root + os.sep) for root in _LIBRARY_ROOTS)
+
+
 def _user_frame(error: BaseException) -> str:
     """The innermost traceback frame outside torch and mqbench: the user's line."""
     frames = traceback.extract_tb(error.__traceback__)
     for frame in reversed(frames):
-        path = frame.filename.replace("\\", "/")
-        if "/torch/" not in path and "/mqbench/" not in path:
+        if not _in_library(frame.filename):
             return f'{frame.filename}:{frame.lineno}: "{(frame.line or "").strip()}"'
     return "(no user frame in the traceback)"
 
