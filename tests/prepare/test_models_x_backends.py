@@ -1,5 +1,6 @@
 """Every backend on every vision model: prepare, calibrate, quantize, train, save and load."""
 
+import copy
 import io
 
 import pytest
@@ -7,7 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mqbench.models.zoo import VISION_MODELS, outputs_as_tensor, zoo_model
+from mqbench.fake_quantize import QuantizeBase
+from mqbench.models.zoo import VISION_MODELS, outputs_as_tensor, zoo_labels, zoo_model
 from mqbench.prepare_by_platform import BackendType, prepare_by_platform
 from mqbench.utils.state import disable_all, enable_calibration, enable_quantization
 
@@ -24,10 +26,24 @@ ACADEMIC_8BIT = {
     }
 }
 BACKENDS = [backend.value for backend in BackendType]
-# Centered-cosine floor of the quantized outputs. Linear 8-bit grids; NNIE's log grid (16 levels per
-# octave, up to 2.2% relative rounding error per element) and Vitis' power-of-two scales (up to 2x
-# coarser steps than min/max scaling) lose more, as on their hardware.
-FIDELITY = {"nnie": 0.95, "vitis": 0.95}
+
+
+def fidelity_floor(backend: str) -> float:
+    """Centered-cosine floor of the quantized outputs.
+
+    0.98 for 8-bit grids with per-channel weights. One weight scale per tensor loses resolution in
+    channels with small ranges (depthwise convolutions above all), NNIE's log grid has up to 2.2%
+    relative rounding error per element, and Vitis' power-of-two scales are up to 2x coarser than
+    min/max ones: those backends lose more on their hardware too, so their floor is 0.95.
+    """
+    from mqbench.backends import ParamsTable
+
+    weight = ParamsTable[backend].weight
+    per_channel = weight is None or weight.scheme.per_channel  # academic: the per-channel config above
+    linear = weight is None or (weight.fake_quantize != "NNIEFakeQuantize" and not weight.scheme.pot_scale)
+    return 0.98 if per_channel and linear else 0.95
+
+
 WEIGHTED = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Linear, nn.ConvTranspose2d)
 
 
@@ -72,32 +88,43 @@ def test_ptq_simulation(name, backend):
     torch.testing.assert_close(calibrating, reference, rtol=1e-4, atol=1e-5 * scale)
     torch.testing.assert_close(disabled, reference, rtol=1e-4, atol=1e-5 * scale)
     assert not torch.equal(quantized, reference)
-    assert centered_cosine(reference, quantized) > FIDELITY.get(backend, 0.98)
-
-
-def _loss(output, target_like):
-    output = outputs_as_tensor(output)
-    return F.mse_loss(output, target_like)
+    assert centered_cosine(reference, quantized) > fidelity_floor(backend)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("name", VISION_MODELS)
 def test_qat_loss_falls(name, backend):
+    """QAT starts from the float model (BatchNorm kept and folded while training) and fits a fixed batch."""
     zoo = zoo_model(name)
-    torch.manual_seed(1)
-    model = zoo.make().train()
-    prepared = prepare_by_platform(model, backend, config_for(backend))
+    prepared = prepare_by_platform(copy.deepcopy(zoo.model).train(), backend, config_for(backend))
     assert prepared.training
-    x = zoo.calibration[:8]
+    assert any(hasattr(m, "bn") for m in prepared.modules()) == any(
+        isinstance(m, nn.modules.batchnorm._BatchNorm) for m in zoo.model.modules()
+    )
+    images = zoo.calibration
     enable_calibration(prepared)
     with torch.no_grad():
-        target = outputs_as_tensor(prepared(x)).detach() * 0.5 + 0.1  # a reachable regression target
+        prepared(images)
     enable_quantization(prepared)
-    optimizer = torch.optim.Adam(prepared.parameters(), lr=1e-3)
+    with torch.no_grad():
+        reference = outputs_as_tensor(zoo.model(images))
+    # classifiers fit the digits' labels; the dense models a fixed perturbation of their own output
+    labels = zoo_labels(name)
+    target = reference.flip(0) if labels is None else labels
+    # Quantizer parameters (LSQ steps, zero points, clipping levels) get a 100x smaller learning rate,
+    # as QAT recipes do: a 16-bit step (PPLW8A16) is ~1e-6, and the weights' rate would move it by
+    # several times its own size in one step.
+    quantizer_parameters = {id(p) for m in prepared.modules() if isinstance(m, QuantizeBase) for p in m.parameters()}
+    groups = [
+        {"params": [p for p in prepared.parameters() if id(p) not in quantizer_parameters]},
+        {"params": [p for p in prepared.parameters() if id(p) in quantizer_parameters], "lr": 1e-5},
+    ]
+    optimizer = torch.optim.SGD(groups, lr=1e-3, momentum=0.9)
     losses = []
-    for _ in range(6):
+    for _ in range(8):
         optimizer.zero_grad()
-        loss = _loss(prepared(x), target)
+        output = outputs_as_tensor(prepared(images))
+        loss = F.mse_loss(output, target) if labels is None else F.cross_entropy(output, target)
         loss.backward()
         optimizer.step()
         losses.append(loss.item())
