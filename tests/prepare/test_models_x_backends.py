@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from mqbench.fake_quantize import QuantizeBase
+from mqbench.models import bert_tiny
 from mqbench.models.zoo import VISION_MODELS, outputs_as_tensor, zoo_labels, zoo_model
 from mqbench.prepare_by_platform import BackendType, prepare_by_platform
 from mqbench.utils.state import disable_all, enable_calibration, enable_quantization
@@ -146,3 +147,22 @@ def test_state_dict_loads_into_fresh_prepared_model(name, backend):
     enable_quantization(fresh)
     with torch.no_grad():
         assert torch.equal(outputs_as_tensor(fresh(zoo.evaluation)), outputs_as_tensor(prepared(zoo.evaluation)))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_bert_style_encoder_on_every_backend(backend):
+    """Token ids and the attention mask stay integers; the encoder's outputs stay close to float."""
+    torch.manual_seed(0)
+    model = bert_tiny().eval()
+    ids = torch.randint(0, 1000, (16, 24))
+    mask = torch.ones(16, 24, dtype=torch.long)
+    mask[:, 20:] = 0
+    prepared = prepare_by_platform(model, backend, config_for(backend))
+    enable_calibration(prepared)
+    with torch.no_grad():
+        prepared(ids, mask)
+    enable_quantization(prepared)
+    with torch.no_grad():
+        reference, quantized = model(ids, mask), prepared(ids, mask)
+    assert all(hasattr(m, "weight_fake_quant") for m in prepared.modules() if isinstance(m, nn.Linear))
+    assert centered_cosine(reference, quantized) > 0.98

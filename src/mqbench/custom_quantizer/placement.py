@@ -198,10 +198,14 @@ def plan_activation_quantizers(
             mark(target, None)
 
     if placement.network_inputs:
+        # Only inputs that carry activations into quantized ops: token ids feeding an embedding
+        # and attention masks are integers or flags, never quantized.
+        quantized_kinds = placement.inputs_of | placement.outputs_of | WEIGHTED_KINDS
         for node in graph.nodes:
             if node.op == "placeholder":
                 for value in _input_tensors(node):
-                    mark(value, None)
+                    if any(kinds.get(user) in quantized_kinds for user in value.users):
+                        mark(value, None)
     if placement.network_outputs:
         output = next(n for n in graph.nodes if n.op == "output")
         for value in _tensor_args(output, tensor_memo):
