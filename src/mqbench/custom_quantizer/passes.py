@@ -38,8 +38,8 @@ def delete_unused_submodules(gm: fx.GraphModule) -> None:
         if not name or name in prefixes:
             continue
         parts = name.split(".")
-        ancestors = {".".join(parts[:i]) for i in range(1, len(parts))}
-        if ancestors & (called | deleted):
+        ancestors = (".".join(parts[:i]) for i in range(1, len(parts)))
+        if any(ancestor in called or ancestor in deleted for ancestor in ancestors):
             continue  # inside a called module (its quantizers, BatchNorm ...) or already removed
         gm.delete_submodule(name)
         deleted.add(name)

@@ -24,6 +24,18 @@ _SYMMETRIC = (torch.per_tensor_symmetric, torch.per_channel_symmetric)
 _QSCHEMES = (torch.per_tensor_affine, torch.per_tensor_symmetric, *_PER_CHANNEL)
 
 
+def row_min_max(rows: Tensor) -> tuple[Tensor, Tensor]:
+    """Minimum and maximum of each row of ``rows`` ``[C, N]``, as two ``[C]`` tensors.
+
+    A single row is reduced as a whole tensor and several rows with ``amin`` / ``amax``:
+    ``torch.aminmax(rows, dim=1)`` is an order of magnitude slower on the CPU in both cases.
+    """
+    if rows.shape[0] == 1:
+        low, high = torch.aminmax(rows)
+        return low.reshape(1), high.reshape(1)
+    return rows.amin(dim=1), rows.amax(dim=1)
+
+
 class NonFiniteInputError(ValueError):
     """NaN or infinity reached an observer."""
 
@@ -140,7 +152,7 @@ class ObserverBase(nn.Module):
         return x
 
     def _observe(self, rows: Tensor) -> None:
-        lo, hi = torch.aminmax(rows, dim=1)
+        lo, hi = row_min_max(rows)
         self.check_finite(lo, hi)
         self._update_min_max(lo, hi)
 

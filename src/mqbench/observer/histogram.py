@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from mqbench.functional import qparams_from_range
-from mqbench.observer.base import ObserverBase
+from mqbench.observer.base import ObserverBase, row_min_max
 
 __all__ = ["HistogramObserver", "KLDObserver", "PercentileObserver"]
 
@@ -51,7 +51,7 @@ class _AbsHistogramObserver(ObserverBase):
 
     # -- recording -------------------------------------------------------------------------
     def _observe(self, rows: Tensor) -> None:
-        lo, hi = torch.aminmax(rows, dim=1)
+        lo, hi = row_min_max(rows)
         self.check_finite(lo, hi)
         exponent = _pow2_exponent(torch.maximum(-lo, hi))
         channels = rows.shape[0]

@@ -7,7 +7,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from mqbench.observer.base import ObserverBase
+from mqbench.observer.base import ObserverBase, row_min_max
 from mqbench.observer.search import quantization_error
 
 __all__ = ["EMAMinMaxObserver", "MinMaxFloorObserver", "MinMaxObserver", "PoTModeObserver"]
@@ -43,7 +43,7 @@ class EMAMinMaxObserver(ObserverBase):
         self.ema_ratio = ema_ratio
 
     def _observe(self, rows: Tensor) -> None:
-        lo, hi = torch.aminmax(rows, dim=1)
+        lo, hi = row_min_max(rows)
         self.check_finite(lo, hi)
         self._update_ema_range(lo, hi, self.ema_ratio)
 
@@ -107,7 +107,7 @@ class PoTModeObserver(ObserverBase):
         self.register_buffer("exponent_counts", torch.zeros(1, 2 * self.EXPONENT_OFFSET, dtype=torch.int64))
 
     def _observe(self, rows: Tensor) -> None:
-        lo, hi = torch.aminmax(rows, dim=1)
+        lo, hi = row_min_max(rows)
         self.check_finite(lo, hi)
         self._update_min_max(lo, hi)
         amax = torch.maximum(-lo, hi).clamp(min=0)

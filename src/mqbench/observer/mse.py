@@ -8,7 +8,7 @@ import torch
 from torch import Tensor
 
 from mqbench.functional import qparams_from_range
-from mqbench.observer.base import ObserverBase
+from mqbench.observer.base import ObserverBase, row_min_max
 from mqbench.observer.search import quantization_error
 
 __all__ = ["EMAMSEObserver", "MSEObserver"]
@@ -51,7 +51,7 @@ class _RangeSearchObserver(ObserverBase):
 
     def best_range(self, rows: Tensor) -> tuple[Tensor, Tensor]:
         """The error-minimising range of each row of ``rows`` (``[C]`` each); checks the data is finite."""
-        lo, hi = torch.aminmax(rows, dim=1)
+        lo, hi = row_min_max(rows)
         self.check_finite(lo, hi)
         coarse_count = self.num_candidates // 2
         fine_count = self.num_candidates - coarse_count

@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from mqbench.functional import bits_of_range, round_pot
-from mqbench.observer.base import ObserverBase
+from mqbench.observer.base import ObserverBase, row_min_max
 
 __all__ = ["ClipStdObserver", "EMAQuantileObserver", "LSQObserver", "LSQPlusObserver"]
 
@@ -66,7 +66,7 @@ class EMAQuantileObserver(ObserverBase):
         self.register_buffer("quantile_max", torch.tensor(float("-inf")))
 
     def _observe(self, rows: Tensor) -> None:
-        lo, hi = torch.aminmax(rows, dim=1)
+        lo, hi = row_min_max(rows)
         self.check_finite(lo, hi)
         q_lo = self._shaped(_row_quantile(rows, 1.0 - self.threshold))
         q_hi = self._shaped(_row_quantile(rows, self.threshold))
@@ -101,7 +101,7 @@ class _RunningMomentsObserver(ObserverBase):
         self.register_buffer("count", torch.tensor(0, dtype=torch.int64))
 
     def _observe(self, rows: Tensor) -> None:
-        lo, hi = torch.aminmax(rows, dim=1)
+        lo, hi = row_min_max(rows)
         self.check_finite(lo, hi)
         var_b, mean_b = torch.var_mean(rows, dim=1, correction=0)
         n_b = rows.shape[1]
@@ -199,7 +199,7 @@ class LSQObserver(_ScaleInitObserver):
         self.register_buffer("count", torch.tensor(0, dtype=torch.int64))
 
     def _observe(self, rows: Tensor) -> None:
-        lo, hi = torch.aminmax(rows, dim=1)
+        lo, hi = row_min_max(rows)
         self.check_finite(lo, hi)
         abs_sum = self._shaped(rows.abs().sum(dim=1, dtype=torch.float64))
         if self.num_batches == 0 or self.abs_sum.shape != abs_sum.shape:
