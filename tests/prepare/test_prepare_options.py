@@ -1,0 +1,70 @@
+"""prepare_by_platform options: is_qat, freeze_bn, extra_fuse_dict."""
+
+import torch
+from torch import nn
+
+from mqbench.nn import qat as nnqat
+from mqbench.nn.intrinsic import FusedModule
+from mqbench.prepare_by_platform import prepare_by_platform
+from mqbench.utils.state import disable_all, enable_calibration
+
+
+def conv_bn_relu():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU())
+
+
+def test_qat_keeps_batchnorm_and_freeze_bn_stops_its_statistics():
+    prepared = prepare_by_platform(conv_bn_relu().train(), "tensorrt", freeze_bn=True)
+    layer = prepared.get_submodule("0")
+    assert type(layer).__name__ == "ConvBnReLU2d" and layer.freeze_bn
+    before = layer.bn.running_mean.clone()
+    enable_calibration(prepared)
+    prepared(torch.randn(4, 3, 8, 8) + 3)
+    assert torch.equal(layer.bn.running_mean, before)
+
+    unfrozen = prepare_by_platform(conv_bn_relu().train(), "tensorrt")
+    enable_calibration(unfrozen)
+    unfrozen(torch.randn(4, 3, 8, 8) + 3)
+    assert not torch.equal(unfrozen.get_submodule("0").bn.running_mean, before)
+
+
+def test_is_qat_overrides_the_model_mode():
+    ptq = prepare_by_platform(conv_bn_relu().train(), "tensorrt", is_qat=False)
+    assert ptq.training  # the mode is kept ...
+    assert not any(isinstance(m, nn.BatchNorm2d) for m in ptq.modules())  # ... but BatchNorm is folded
+    qat = prepare_by_platform(conv_bn_relu().eval(), "tensorrt", is_qat=True)
+    assert not qat.training
+    assert hasattr(qat.get_submodule("0"), "bn")
+
+
+class LinearTanh(FusedModule):
+    PARTS = (("Linear", (nn.Linear,)), ("activation", (nn.Tanh,)))
+
+
+class QATLinearTanh(nnqat.Linear):
+    _FLOAT_MODULE = LinearTanh
+
+    def forward(self, x):
+        return torch.tanh(super().forward(x))
+
+
+def test_extra_fuse_dict_adds_a_pattern_and_its_qat_module():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 5), nn.Tanh(), nn.Linear(5, 2)).eval()
+    config = {
+        "extra_fuse_dict": {
+            "additional_fuser_method_mapping": {
+                (nn.Linear, nn.Tanh): lambda is_qat, linear, tanh: LinearTanh(linear, tanh)
+            },
+            "additional_qat_module_mapping": {LinearTanh: QATLinearTanh},
+        }
+    }
+    prepared = prepare_by_platform(model, "tensorrt", config)
+    fused = prepared.get_submodule("0")
+    assert isinstance(fused, QATLinearTanh) and hasattr(fused, "weight_fake_quant")
+    called = [prepared.get_submodule(str(n.target)) for n in prepared.graph.nodes if n.op == "call_module"]
+    assert not any(isinstance(m, nn.Tanh) for m in called)  # the Tanh runs inside the fused module
+    disable_all(prepared)
+    x = torch.randn(3, 6)
+    torch.testing.assert_close(prepared(x), model(x))
