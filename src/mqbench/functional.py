@@ -220,7 +220,8 @@ def learnable_fake_quantize(
     float zero point always acts as an integer one.
     """
     axis = _axis(x, scale, ch_axis)
-    zero_point = round_ste(zero_point.to(x.dtype))
+    zero_point = zero_point.to(x.dtype)
+    zero_point = round_ste(zero_point) if zero_point.requires_grad else torch.round(zero_point)
     return _LearnableFakeQuantize.apply(x, scale, zero_point, quant_min, quant_max, axis, grad_factor)
 
 

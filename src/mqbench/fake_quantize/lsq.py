@@ -95,8 +95,9 @@ class LearnableFakeQuantize(QuantizeBase):
         return torch.where(magnitude < EPS, magnitude - magnitude.detach() + EPS, magnitude)
 
     def _effective_zero_point(self) -> Tensor:
-        zero_point = self.zero_point if not self.symmetric else self.zero_point.detach()
-        return _clamp_straight_through(zero_point, self.quant_min, self.quant_max)
+        if self.symmetric:
+            return self.zero_point.detach()  # fixed at 0
+        return _clamp_straight_through(self.zero_point, self.quant_min, self.quant_max)
 
     def quantize(self, x: Tensor) -> Tensor:
         return learnable_fake_quantize(

@@ -137,8 +137,10 @@ class BnFoldingModule(QATModule):
         weight = self.weight_fake_quant(scale_output_channels(self.weight, factor, self._TRANSPOSED))
         bias = self._layer_bias()
         if self.training and not self.freeze_bn:
-            y = self._apply_weight(x, weight, None, **options)
-            y = y / self._per_channel(factor, y)
+            # conv(x, fq(w f)) / f, with the division applied to the weight's output channels: the
+            # layer is linear in its weight, and the weight is far smaller than the output.
+            unscaled = scale_output_channels(weight, 1.0 / factor, self._TRANSPOSED)
+            y = self._apply_weight(x, unscaled, None, **options)
             if bias is not None:
                 y = y + self._per_channel(bias, y)
             return self.bn(y)
