@@ -14,7 +14,7 @@ import argparse
 
 import torch
 
-from _timing import print_table, time_interleaved, write_json
+from _timing import print_table, steady_allocator, time_interleaved, write_json
 from mqbench.fake_quantize import (
     DoReFaFakeQuantize,
     DSQFakeQuantize,
@@ -56,6 +56,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(2)
     torch.manual_seed(0)
+    steady_allocator()
 
     act = torch.randn(16, 64, 56, 56).requires_grad_()
     act_grad = torch.randn_like(act)
