@@ -101,7 +101,9 @@ QAT_MODULE_MAPPING = MappingProxyType(
         nn.Conv2d: nnqat.Conv2d,
         nn.Conv3d: nnqat.Conv3d,
         nn.Linear: nnqat.Linear,
+        nn.ConvTranspose1d: nnqat.ConvTranspose1d,
         nn.ConvTranspose2d: nnqat.ConvTranspose2d,
+        nn.ConvTranspose3d: nnqat.ConvTranspose3d,
         **{
             getattr(nni, name): getattr(nniqat, name)
             for name in nni.__all__

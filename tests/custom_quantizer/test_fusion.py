@@ -324,11 +324,25 @@ def test_prepare_leaves_the_user_model_alone_and_quantizes_every_weight(backend,
     gm(*Mixed.inputs())
 
 
-@pytest.mark.xfail(strict=True, reason="no QAT module for ConvTranspose1d/3d yet: they keep float weights")
-@pytest.mark.parametrize("layer", [nn.ConvTranspose1d(2, 3, 1), nn.ConvTranspose3d(2, 3, 1)], ids=["1d", "3d"])
-def test_other_deconvs_get_weight_quantizers(layer):
-    gm = prepare_by_platform(nn.Sequential(layer).eval(), "tensorrt")
-    assert hasattr(gm.get_submodule("0"), "weight_fake_quant")
+@pytest.mark.parametrize(
+    ("layer", "shape"),
+    [(nn.ConvTranspose1d(2, 3, 2, stride=2), (2, 2, 5)), (nn.ConvTranspose3d(2, 3, 2, stride=2), (2, 2, 3, 3, 3))],
+    ids=["1d", "3d"],
+)
+def test_other_deconvs_get_weight_quantizers(layer, shape):
+    torch.manual_seed(0)
+    model = nn.Sequential(layer).eval()
+    gm = prepare_by_platform(model, "tensorrt")
+    quantizer = gm.get_submodule("0").weight_fake_quant
+    assert quantizer.is_per_channel and quantizer.ch_axis == 1  # output channels of [in, out, *kernel]
+    x = torch.randn(shape)
+    enable_calibration(gm)
+    with torch.no_grad():
+        torch.testing.assert_close(gm(x), model(x))  # calibration: float
+        enable_quantization(gm)
+        quantized = gm(x)
+    assert not torch.equal(quantized, model(x))
+    torch.testing.assert_close(quantized, model(x), atol=0.05, rtol=0.05)
 
 
 @pytest.mark.parametrize(

@@ -1,10 +1,12 @@
-"""QAT layers (``nnqat``): Conv1d/2d/3d, Linear, ConvTranspose2d and Embedding with a weight fake quantizer."""
+"""QAT layers (``nnqat``): Conv1d/2d/3d, Linear, ConvTranspose1d/2d/3d and Embedding with a weight fake quantizer."""
 
 from mqbench.nn.qat.modules import (
     Conv1d,
     Conv2d,
     Conv3d,
+    ConvTranspose1d,
     ConvTranspose2d,
+    ConvTranspose3d,
     Embedding,
     Linear,
     QATModule,
@@ -18,7 +20,9 @@ __all__ = [
     "Conv1d",
     "Conv2d",
     "Conv3d",
+    "ConvTranspose1d",
     "ConvTranspose2d",
+    "ConvTranspose3d",
     "Embedding",
     "Linear",
     "QATModule",

@@ -8,7 +8,7 @@ from mqbench.nn.qat.modules.base import (
     resolve_weight_fake_quant_factory,
 )
 from mqbench.nn.qat.modules.conv import Conv1d, Conv2d, Conv3d
-from mqbench.nn.qat.modules.deconv import ConvTranspose2d
+from mqbench.nn.qat.modules.deconv import ConvTranspose1d, ConvTranspose2d, ConvTranspose3d
 from mqbench.nn.qat.modules.embedding import Embedding
 from mqbench.nn.qat.modules.linear import Linear
 
@@ -16,7 +16,9 @@ __all__ = [
     "Conv1d",
     "Conv2d",
     "Conv3d",
+    "ConvTranspose1d",
     "ConvTranspose2d",
+    "ConvTranspose3d",
     "Embedding",
     "Linear",
     "QATModule",

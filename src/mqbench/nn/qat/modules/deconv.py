@@ -1,11 +1,12 @@
-"""QAT transposed convolution: the float ConvTranspose2d with its weight fake-quantized.
+"""QAT transposed convolutions: the float ConvTranspose1d/2d/3d with the weight fake-quantized.
 
-The weight has shape ``[in, out / groups, kH, kW]``: a per-channel weight quantizer for
+The weight has shape ``[in, out / groups, *kernel]``: a per-channel weight quantizer for
 output channels uses ``ch_axis=1``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, ClassVar, cast
 
 import torch.nn.functional as F
@@ -13,16 +14,55 @@ from torch import Tensor, nn
 
 from mqbench.nn.qat.modules.base import QATModule, WeightFakeQuantFactory, build_weight_fake_quant
 
-__all__ = ["ConvTranspose2d", "conv_transpose_output_padding"]
+__all__ = ["ConvTranspose1d", "ConvTranspose2d", "ConvTranspose3d", "conv_transpose_output_padding"]
 
 
-def conv_transpose_output_padding(module: nn.Module, input: Tensor, output_size: list[int] | None) -> list[int]:
-    """The output padding a ConvTranspose2d uses for ``input`` and an optional ``output_size``."""
+def conv_transpose_output_padding(
+    module: nn.Module, input: Tensor, output_size: list[int] | None, spatial_dims: int = 2
+) -> list[int]:
+    """The output padding a ConvTranspose layer uses for ``input`` and an optional ``output_size``."""
     layer = cast(Any, module)
-    return layer._output_padding(input, output_size, layer.stride, layer.padding, layer.kernel_size, 2, layer.dilation)
+    return layer._output_padding(
+        input, output_size, layer.stride, layer.padding, layer.kernel_size, spatial_dims, layer.dilation
+    )
 
 
-class ConvTranspose2d(QATModule, nn.ConvTranspose2d):
+class _QATConvTranspose(QATModule):
+    """``conv_transposeNd(x, weight_fake_quant(weight), bias)`` with the float layer's arguments."""
+
+    _SPATIAL_DIMS: ClassVar[int]
+    _FUNCTION: ClassVar[Callable[..., Tensor]]
+
+    def __init__(self, *args: Any, weight_fake_quant_factory: WeightFakeQuantFactory, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.weight_fake_quant = build_weight_fake_quant(weight_fake_quant_factory, cast(Tensor, self.weight))
+
+    def forward(self, input: Tensor, output_size: list[int] | None = None) -> Tensor:
+        layer = cast(Any, self)
+        if layer.padding_mode != "zeros":
+            raise ValueError(f"{type(self).__name__} supports only padding_mode='zeros'")
+        return type(self)._FUNCTION(
+            input,
+            self.weight_fake_quant(layer.weight),
+            layer.bias,
+            layer.stride,
+            layer.padding,
+            conv_transpose_output_padding(self, input, output_size, self._SPATIAL_DIMS),
+            layer.groups,
+            layer.dilation,
+        )
+
+
+class ConvTranspose1d(_QATConvTranspose, nn.ConvTranspose1d):
+    """QAT ConvTranspose1d."""
+
+    _FLOAT_MODULE: ClassVar[type[nn.Module]] = nn.ConvTranspose1d
+    _FLOAT_LAYER = nn.ConvTranspose1d
+    _SPATIAL_DIMS = 1
+    _FUNCTION = F.conv_transpose1d
+
+
+class ConvTranspose2d(_QATConvTranspose, nn.ConvTranspose2d):
     """QAT ConvTranspose2d: ``conv_transpose2d(x, weight_fake_quant(weight), bias)``; arguments as the float one.
 
     Example:
@@ -36,21 +76,14 @@ class ConvTranspose2d(QATModule, nn.ConvTranspose2d):
 
     _FLOAT_MODULE: ClassVar[type[nn.Module]] = nn.ConvTranspose2d
     _FLOAT_LAYER = nn.ConvTranspose2d
+    _SPATIAL_DIMS = 2
+    _FUNCTION = F.conv_transpose2d
 
-    def __init__(self, *args: Any, weight_fake_quant_factory: WeightFakeQuantFactory, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.weight_fake_quant = build_weight_fake_quant(weight_fake_quant_factory, self.weight)
 
-    def forward(self, input: Tensor, output_size: list[int] | None = None) -> Tensor:
-        if self.padding_mode != "zeros":
-            raise ValueError("ConvTranspose2d supports only padding_mode='zeros'")
-        return F.conv_transpose2d(
-            input,
-            self.weight_fake_quant(self.weight),
-            self.bias,
-            self.stride,
-            cast(tuple[int, ...], self.padding),
-            conv_transpose_output_padding(self, input, output_size),
-            self.groups,
-            self.dilation,
-        )
+class ConvTranspose3d(_QATConvTranspose, nn.ConvTranspose3d):
+    """QAT ConvTranspose3d."""
+
+    _FLOAT_MODULE: ClassVar[type[nn.Module]] = nn.ConvTranspose3d
+    _FLOAT_LAYER = nn.ConvTranspose3d
+    _SPATIAL_DIMS = 3
+    _FUNCTION = F.conv_transpose3d
