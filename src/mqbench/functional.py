@@ -176,7 +176,11 @@ class _LearnableFakeQuantize(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, x, scale, zero_point, quant_min, quant_max, axis, grad_factor):  # type: ignore[override]
+    def forward(ctx, x, scale, zero_point, quant_min, quant_max, axis, grad_factor, scale_floor):  # type: ignore[override]
+        ctx.scale_sign = None
+        if scale_floor is not None:  # use max(|scale|, floor); the gradient is that of |scale|
+            ctx.scale_sign = torch.sign(scale)
+            scale = scale.abs().clamp_min(scale_floor)
         ctx.save_for_backward(x, scale, zero_point)
         ctx.settings = (quant_min, quant_max, axis, grad_factor)
         if kernels.usable(x):
@@ -202,7 +206,10 @@ class _LearnableFakeQuantize(torch.autograd.Function):
             local = torch.where(below, quant_min - z, torch.where(above, quant_max - z, q - z - v))
             grad_scale = (grad * local).sum_to_size(s.shape).reshape(scale.shape)
             grad_zero_point = (grad.masked_fill(~outside, 0.0) * -s).sum_to_size(s.shape).reshape(scale.shape)
-        return grad_x, grad_scale * grad_factor, grad_zero_point * grad_factor, None, None, None, None
+        grad_scale = grad_scale * grad_factor
+        if ctx.scale_sign is not None:
+            grad_scale = grad_scale * ctx.scale_sign
+        return grad_x, grad_scale, grad_zero_point * grad_factor, None, None, None, None, None
 
 
 def learnable_fake_quantize(
@@ -213,16 +220,19 @@ def learnable_fake_quantize(
     quant_max: int,
     ch_axis: int | None = None,
     grad_factor: float = 1.0,
+    scale_floor: float | None = None,
 ) -> Tensor:
     """Fake quantization whose scale (and float zero point) receive the LSQ gradients.
 
     The zero point is rounded with a straight-through estimator, so a learnable
-    float zero point always acts as an integer one.
+    float zero point always acts as an integer one. With ``scale_floor`` the scale used is
+    ``max(|scale|, scale_floor)`` and its gradient that of ``|scale|`` (a learned scale that
+    crosses zero or reaches the floor keeps a gradient).
     """
     axis = _axis(x, scale, ch_axis)
     zero_point = zero_point.to(x.dtype)
     zero_point = round_ste(zero_point) if zero_point.requires_grad else torch.round(zero_point)
-    return _LearnableFakeQuantize.apply(x, scale, zero_point, quant_min, quant_max, axis, grad_factor)
+    return _LearnableFakeQuantize.apply(x, scale, zero_point, quant_min, quant_max, axis, grad_factor, scale_floor)
 
 
 def round_ste(x: Tensor) -> Tensor:

@@ -90,10 +90,6 @@ class LearnableFakeQuantize(QuantizeBase):
         per_scale = x.numel() // x.shape[self.ch_axis] if self.is_per_channel and x.dim() > 0 else x.numel()
         return 1.0 / math.sqrt(max(per_scale, 1) * max(self.quant_max, 1))
 
-    def _effective_scale(self) -> Tensor:
-        magnitude = self.scale.abs()
-        return torch.where(magnitude < EPS, magnitude - magnitude.detach() + EPS, magnitude)
-
     def _effective_zero_point(self) -> Tensor:
         if self.symmetric:
             return self.zero_point.detach()  # fixed at 0
@@ -102,12 +98,13 @@ class LearnableFakeQuantize(QuantizeBase):
     def quantize(self, x: Tensor) -> Tensor:
         return learnable_fake_quantize(
             x,
-            self._effective_scale(),
+            self.scale,
             self._effective_zero_point(),
             self.quant_min,
             self.quant_max,
             self.axis,
             self.grad_factor(x),
+            scale_floor=EPS,
         )
 
     def export_qparams(self) -> tuple[Tensor, Tensor]:
