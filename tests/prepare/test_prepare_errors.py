@@ -83,3 +83,15 @@ def test_input_model_is_not_modified():
     after = model.state_dict()
     assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
     assert [type(m).__name__ for m in model] == ["Conv2d", "BatchNorm2d", "ReLU"]
+
+
+def test_register_backend_takes_a_spec_and_refuses_to_overwrite_silently():
+    import dataclasses
+
+    from mqbench.backends import register_backend
+
+    with pytest.raises(ValueError, match="register_backend expects a BackendSpec, got dict"):
+        register_backend("mynpu", {"weight": None})
+    with pytest.raises(ValueError, match="backend 'tensorrt' is already registered; pass replace=True"):
+        register_backend("tensorrt", dataclasses.replace(ParamsTable["tensorrt"], description="changed"))
+    assert ParamsTable["tensorrt"].description == "NVIDIA TensorRT, explicit int8 quantization"

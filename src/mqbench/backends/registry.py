@@ -97,17 +97,13 @@ class BackendRegistry(Mapping[str, BackendSpec]):
 ParamsTable = BackendRegistry({module.SPEC.name: module.SPEC for module in _BUILTIN})
 
 
-def register_backend(name: str, spec: Any, replace: bool = False) -> BackendSpec:
+def register_backend(name: str, spec: BackendSpec, replace: bool = False) -> BackendSpec:
     """Make ``name`` usable everywhere a backend is accepted.
 
-    ``spec`` is a :class:`BackendSpec` or a declarative ``mqbench.backend_config.BackendConfig``
-    (compiled to a spec). Registering a taken name raises ValueError unless ``replace``.
+    Registering a taken name raises ValueError unless ``replace``.
     """
     if not isinstance(spec, BackendSpec):
-        to_spec = getattr(spec, "to_backend_spec", None)
-        if to_spec is None:
-            raise ValueError(f"register_backend expects a BackendSpec or a BackendConfig, got {type(spec).__name__}")
-        spec = to_spec(name)
+        raise ValueError(f"register_backend expects a BackendSpec, got {type(spec).__name__}")
     return ParamsTable.register(name, spec, replace)
 
 

@@ -156,7 +156,7 @@ class Placement:
 
 @dataclass(frozen=True)
 class BackendSpec:
-    """Everything about one backend: default quantizers, placement, fusion and deploy steps.
+    """Everything about one backend: default quantizers, placement and fusion.
 
     ``weight`` / ``activation`` may be None (the Academic backends): the user's
     ``extra_qconfig_dict`` must then supply them.
@@ -167,7 +167,6 @@ class BackendSpec:
     activation: QuantizerSpec | None
     placement: Placement
     fuse: bool = True
-    deploy: tuple[str, ...] = ()
     description: str = ""
     model_quantizer: type | None = None  # a ModelQuantizer subclass; None: the rule-driven default
 

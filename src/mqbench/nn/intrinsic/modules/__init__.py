@@ -1,41 +1,6 @@
 """Fused float modules (MQBench's ``mqbench.nn.intrinsic.modules``); see :mod:`.fused`."""
 
-from mqbench.nn.intrinsic.modules.fused import (
-    ACTIVATIONS,
-    ConvBn1d,
-    ConvBn2d,
-    ConvBn3d,
-    ConvBnReLU1d,
-    ConvBnReLU2d,
-    ConvBnReLU3d,
-    ConvReLU1d,
-    ConvReLU2d,
-    ConvReLU3d,
-    ConvTransposeBn2d,
-    ConvTransposeBnReLU2d,
-    ConvTransposeReLU2d,
-    FusedModule,
-    LinearBn1d,
-    LinearBnReLU1d,
-    LinearReLU,
-)
+from mqbench.nn.intrinsic.modules import fused as _source
+from mqbench.nn.intrinsic.modules.fused import *  # noqa: F403 (re-export; the names are _source.__all__)
 
-__all__ = [
-    "ACTIVATIONS",
-    "ConvBn1d",
-    "ConvBn2d",
-    "ConvBn3d",
-    "ConvBnReLU1d",
-    "ConvBnReLU2d",
-    "ConvBnReLU3d",
-    "ConvReLU1d",
-    "ConvReLU2d",
-    "ConvReLU3d",
-    "ConvTransposeBn2d",
-    "ConvTransposeBnReLU2d",
-    "ConvTransposeReLU2d",
-    "FusedModule",
-    "LinearBn1d",
-    "LinearBnReLU1d",
-    "LinearReLU",
-]
+__all__ = list(_source.__all__)

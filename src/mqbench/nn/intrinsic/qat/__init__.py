@@ -7,46 +7,7 @@ BatchNorm variants' ``merge_bn()`` the equivalent QAT module without BatchNorm.
 functions for ``model.apply``).
 """
 
-from mqbench.nn.intrinsic.qat.modules import (
-    BnFoldingModule,
-    ConvBn1d,
-    ConvBn2d,
-    ConvBn3d,
-    ConvBnReLU1d,
-    ConvBnReLU2d,
-    ConvBnReLU3d,
-    ConvReLU1d,
-    ConvReLU2d,
-    ConvReLU3d,
-    ConvTransposeBn2d,
-    ConvTransposeBnReLU2d,
-    ConvTransposeReLU2d,
-    LinearBn1d,
-    LinearBnReLU1d,
-    LinearReLU,
-    ReLUMixin,
-    freeze_bn_stats,
-    update_bn_stats,
-)
+from mqbench.nn.intrinsic.qat import modules as _source
+from mqbench.nn.intrinsic.qat.modules import *  # noqa: F403 (re-export; the names are _source.__all__)
 
-__all__ = [
-    "BnFoldingModule",
-    "ConvBn1d",
-    "ConvBn2d",
-    "ConvBn3d",
-    "ConvBnReLU1d",
-    "ConvBnReLU2d",
-    "ConvBnReLU3d",
-    "ConvReLU1d",
-    "ConvReLU2d",
-    "ConvReLU3d",
-    "ConvTransposeBn2d",
-    "ConvTransposeBnReLU2d",
-    "ConvTransposeReLU2d",
-    "LinearBn1d",
-    "LinearBnReLU1d",
-    "LinearReLU",
-    "ReLUMixin",
-    "freeze_bn_stats",
-    "update_bn_stats",
-]
+__all__ = list(_source.__all__)
