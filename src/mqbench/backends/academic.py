@@ -10,4 +10,5 @@ SPEC = BackendSpec(
     activation=None,
     placement=Placement(inputs_of={"conv", "linear", "deconv"}, first_last_8bit=True),
     description="research settings: quantizers from extra_qconfig_dict, first/last layer 8-bit",
+    deploy=("clip_ranges",),
 )

@@ -10,4 +10,5 @@ SPEC = BackendSpec(
     activation=None,
     placement=Placement(inputs_of={"linear", "matmul"}),
     description="research settings for transformers: quantizers from extra_qconfig_dict",
+    deploy=("clip_ranges",),
 )

@@ -14,4 +14,5 @@ SPEC = BackendSpec(
     ),
     placement=EXPLICIT,
     description="HiSilicon NNIE, 8-bit logarithmic grid",
+    deploy=("nnie_json",),
 )

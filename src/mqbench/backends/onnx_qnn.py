@@ -12,4 +12,5 @@ SPEC = BackendSpec(
     activation=QuantizerSpec(QuantScheme(8, symmetric=False)),
     placement=QLINEAR,
     description="onnxruntime QLinear operators (all-integer ONNX)",
+    deploy=("qlinear_onnx",),
 )

@@ -12,4 +12,5 @@ SPEC = BackendSpec(
     activation=QuantizerSpec(QuantScheme(8, symmetric=True), observer="EMAMinMaxObserver"),
     placement=Placement(inputs_of=INTEGER_OPS, network_inputs=True, unsigned_after={"relu", "sigmoid"}),
     description="Intel OpenVINO, int8 with unsigned activations after ReLU",
+    deploy=("openvino_onnx",),
 )

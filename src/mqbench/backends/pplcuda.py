@@ -12,4 +12,5 @@ SPEC = BackendSpec(
     activation=QuantizerSpec(QuantScheme(8, symmetric=False)),
     placement=TOTAL_INT,
     description="OpenPPL CUDA, all-integer int8",
+    deploy=("ppl_json",),
 )

@@ -12,4 +12,5 @@ SPEC = BackendSpec(
     activation=QuantizerSpec(QuantScheme(16, symmetric=False), observer="EMAMinMaxObserver"),
     placement=TOTAL_INT,
     description="OpenPPL, 8-bit weights and 16-bit activations",
+    deploy=("ppl_json",),
 )

@@ -12,4 +12,5 @@ SPEC = BackendSpec(
     activation=QuantizerSpec(QuantScheme(8, symmetric=False), observer="EMAMinMaxObserver"),
     placement=TOTAL_INT,
     description="Qualcomm SNPE / QNN, all-integer uint8",
+    deploy=("encodings",),
 )

@@ -169,7 +169,9 @@ class BackendSpec:
     fuse: bool = True
     description: str = ""
     model_quantizer: type | None = None  # a ModelQuantizer subclass; None: the rule-driven default
+    deploy: tuple[str, ...] = ()  # artifact keys its writers produce besides `onnx` and `deploy_onnx`
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "deploy", tuple(self.deploy))
         if not self.name or self.name != self.name.lower():
             raise ValueError(f"backend names are lowercase and non-empty, got {self.name!r}")

@@ -14,4 +14,5 @@ SPEC = BackendSpec(
     activation=QuantizerSpec(_SCHEME, fake_quantize="FixedFakeQuantize", observer="EMAMinMaxObserver"),
     placement=TOTAL_INT,
     description="STPU, all-integer symmetric int8",
+    deploy=("stpu_json",),
 )

@@ -16,4 +16,5 @@ SPEC = BackendSpec(
     activation=QuantizerSpec(QuantScheme(8, symmetric=False), observer="EMAMinMaxObserver"),
     placement=replace(TOTAL_INT, inputs_of=_OPS, outputs_of=_OPS, network_outputs=True),
     description="OPEN AI LAB Tengine, uint8",
+    deploy=("tengine_scale",),
 )

@@ -12,4 +12,5 @@ SPEC = BackendSpec(
     activation=QuantizerSpec(QuantScheme(8, symmetric=True, symmetric_range=True), observer="EMAMinMaxObserver"),
     placement=EXPLICIT,
     description="NVIDIA TensorRT, explicit int8 quantization",
+    deploy=("clip_ranges", "calib_cache"),
 )

@@ -12,4 +12,5 @@ SPEC = replace(
     name="tensorrt_nlp",
     placement=Placement(inputs_of={"linear", "matmul", "add"}, add_needs_activations=True),
     description="NVIDIA TensorRT for transformers: Linear, matmul and residual adds",
+    deploy=("clip_ranges", "calib_cache"),
 )

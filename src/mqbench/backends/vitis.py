@@ -20,4 +20,5 @@ SPEC = BackendSpec(
         shared_inputs_of={"concat"},
     ),
     description="Xilinx Vitis AI DPU, power-of-two fixed point",
+    deploy=("vitis_json",),
 )

@@ -96,6 +96,11 @@ class DoReFaFakeQuantize(ObserverQParamsQuantizer):
     def quantize(self, x: Tensor) -> Tensor:
         return fake_quantize(self.normalize(x), self.scale, self.zero_point, self.quant_min, self.quant_max, self.axis)
 
+    deploys_activations = False  # the normalisation divides by each input's own max
+
+    def deploy_weight(self, weight: Tensor) -> Tensor:
+        return self.normalize(weight)
+
     def export_forward(self, x: Tensor) -> Tensor:
         return fake_quantize_for_export(
             self.normalize(x), self.scale, self.zero_point, self.quant_min, self.quant_max, self.axis

@@ -99,6 +99,7 @@ class NNIEFakeQuantize(QuantizeBase):
     """
 
     data_max: Tensor
+    deploy_grid = "log"
 
     def __init__(self, observer: Any = MinMaxObserver, **observer_kwargs: Any) -> None:
         super().__init__(observer, **observer_kwargs)

@@ -48,6 +48,8 @@ class QuantizeBase(nn.Module):
     observer_enabled: Tensor
     fake_quant_enabled: Tensor
     is_quantization_leaf = True  # traced as one call, never entered
+    deploy_grid = "linear"  # "log": a logarithmic grid described by ``data_max`` (NNIE)
+    deploys_activations = True  # False: qparams depend on each input, so only weights deploy
 
     def __init__(self, observer: Any = MinMaxObserver, **observer_kwargs: Any) -> None:
         super().__init__()
@@ -145,6 +147,10 @@ class QuantizeBase(nn.Module):
     def export_forward(self, x: Tensor) -> Tensor:
         scale, zero_point = self.export_qparams()
         return fake_quantize_for_export(x, scale, zero_point, self.quant_min, self.quant_max, self.axis)
+
+    def deploy_weight(self, weight: Tensor) -> Tensor:
+        """The float weight the deployed linear grid quantizes (a transform such as DoReFa's; default: as is)."""
+        return weight
 
     # -- state -------------------------------------------------------------------------------
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):  # type: ignore[no-untyped-def]

@@ -1,0 +1,284 @@
+"""Deploy a calibrated or trained model: merge BN, export ONNX with Q/DQ, write the backend's artifacts.
+
+The pipeline (one data flow, the same for every backend):
+
+1. :func:`convert_merge_bn`: BatchNorm folded into the conv / deconv / linear before it, the
+   trained weight quantizers kept; every quantizer frozen to its fixed qparams and every
+   quantized weight clipped to its integer range.
+2. :func:`convert_onnx`: ``torch.onnx.export`` (either path; ``extra_kwargs`` reach it), then the
+   strip step: the float ONNX (``deploy_onnx``) and a :class:`~mqbench.deploy.table.QParamTable`
+   of every quantized tensor; the standard Q/DQ model (``onnx``) is built from the two.
+3. The backend's writers (``BackendSpec.deploy`` lists their artifact keys) and any step added
+   with :func:`register_deploy_function`.
+
+Example:
+    >>> import torch, tempfile
+    >>> from mqbench.prepare_by_platform import prepare_by_platform, BackendType
+    >>> from mqbench.utils.state import enable_calibration, enable_quantization
+    >>> from mqbench.convert_deploy import convert_deploy
+    >>> model = torch.nn.Sequential(torch.nn.Conv2d(1, 4, 3), torch.nn.ReLU()).eval()
+    >>> qmodel = prepare_by_platform(model, BackendType.Tensorrt)
+    >>> enable_calibration(qmodel); _ = qmodel(torch.randn(2, 1, 8, 8)); enable_quantization(qmodel)
+    >>> with tempfile.TemporaryDirectory() as folder:
+    ...     result = convert_deploy(qmodel, BackendType.Tensorrt, {"x": [1, 1, 8, 8]}, output_path=folder)
+    ...     sorted(result.artifacts)
+    ['calib_cache', 'clip_ranges', 'deploy_onnx', 'onnx']
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import onnx
+import torch
+from torch import Tensor, nn
+
+from mqbench.backends import BackendSpec, resolve_backend
+from mqbench.backends.registry import _key
+from mqbench.deploy.freeze import freeze_quantizers, merge_bn
+from mqbench.deploy.onnx_graph import save_model
+from mqbench.deploy.qdq import insert_qdq
+from mqbench.deploy.strip import export_marked, strip_quantizers
+from mqbench.deploy.table import QParamTable
+
+__all__ = [
+    "DeployContext",
+    "DeployFunctionRegistry",
+    "DeployResult",
+    "DeployStep",
+    "convert_deploy",
+    "convert_merge_bn",
+    "convert_onnx",
+    "deploy_functions",
+    "register_deploy_function",
+]
+
+
+@dataclass
+class DeployResult:
+    """What :func:`convert_deploy` wrote: ``artifacts`` (key -> path) and ``params`` (tensor -> qparams dict)."""
+
+    backend: str
+    model_name: str
+    artifacts: dict[str, str]
+    params: dict[str, dict[str, Any]]
+    table: QParamTable
+    input_names: list[str]
+    output_names: list[str]
+    dequantized: dict[str, str] = field(default_factory=dict)  # tensor -> its dequantized name in `onnx`
+
+    def __repr__(self) -> str:
+        return f"DeployResult({self.backend!r}, artifacts={sorted(self.artifacts)}, {self.table!r})"
+
+
+@dataclass
+class DeployContext:
+    """Everything a deploy step may read; a step writes one file into ``folder`` and returns its path."""
+
+    spec: BackendSpec
+    model_name: str
+    folder: Path
+    float_model: onnx.ModelProto
+    qdq_model: onnx.ModelProto
+    table: QParamTable
+    input_names: list[str]
+    output_names: list[str]
+
+    def path(self, suffix: str) -> Path:
+        """``folder / f"{model_name}{suffix}"``."""
+        return self.folder / f"{self.model_name}{suffix}"
+
+
+DeployStep = Callable[[DeployContext], "str | Path"]
+
+
+class DeployFunctionRegistry(Mapping[str, Mapping[str, DeployStep]]):
+    """Backend name -> {artifact key: step}: steps a backend adds to, or replaces in, its deployment."""
+
+    def __init__(self) -> None:
+        self._steps: dict[str, dict[str, DeployStep]] = {}
+
+    def __getitem__(self, backend: Any) -> Mapping[str, DeployStep]:
+        return dict(self._steps.get(_key(backend), {}))
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._steps)
+
+    def __len__(self) -> int:
+        return len(self._steps)
+
+    def register(self, backend: Any, artifact: str, step: DeployStep, replace: bool = False) -> None:
+        steps = self._steps.setdefault(_key(backend), {})
+        builtin = artifact in _writer_keys(backend) or artifact in ("onnx", "deploy_onnx")
+        if (artifact in steps or builtin) and not replace:
+            raise ValueError(
+                f"backend {_key(backend)!r} already produces {artifact!r}; pass replace=True to replace that step"
+            )
+        steps[artifact] = step
+
+    def unregister(self, backend: Any, artifact: str) -> None:
+        self._steps.get(_key(backend), {}).pop(artifact, None)
+
+
+deploy_functions = DeployFunctionRegistry()
+
+
+def _writer_keys(backend: Any) -> tuple[str, ...]:
+    try:
+        return resolve_backend(backend).deploy
+    except ValueError:
+        return ()
+
+
+def register_deploy_function(
+    backend: Any, artifact: str | None = None, replace: bool = False
+) -> Callable[[DeployStep], DeployStep]:
+    """Decorator: ``step(context) -> path`` produces the artifact ``artifact`` (default: the function's name).
+
+    A key the backend already produces needs ``replace=True``. Example:
+    ``@register_deploy_function("tensorrt", "summary")`` then ``def summary(ctx): ...``.
+    """
+
+    def decorate(step: DeployStep) -> DeployStep:
+        deploy_functions.register(backend, artifact or step.__name__, step, replace)
+        return step
+
+    return decorate
+
+
+def convert_merge_bn(model: nn.Module) -> nn.Module:
+    """A deployable copy of ``model``: eval mode, BN merged, quantizers frozen, weights clipped."""
+    return freeze_quantizers(merge_bn(model))
+
+
+def _example_inputs(
+    input_shape_dict: Mapping[str, Sequence[int]] | None, dummy_input: Any
+) -> tuple[tuple[Tensor, ...], list[str]]:
+    if dummy_input is not None:
+        args = tuple(dummy_input) if isinstance(dummy_input, (tuple, list)) else (dummy_input,)
+        if isinstance(dummy_input, Mapping):
+            names, args = list(dummy_input), tuple(dummy_input.values())
+        else:
+            names = list(input_shape_dict) if input_shape_dict else [f"input_{i}" for i in range(len(args))]
+        if not all(isinstance(a, Tensor) for a in args):
+            raise ValueError("dummy_input must be a tensor, a tuple/list of tensors or a dict of name -> tensor")
+        if len(names) != len(args):
+            raise ValueError(f"input_shape_dict names {len(names)} inputs but dummy_input has {len(args)}")
+        return args, names
+    if not input_shape_dict:
+        raise ValueError('give input_shape_dict (e.g. {"x": [1, 3, 224, 224]}) or dummy_input')
+    args_list = []
+    for name, shape in input_shape_dict.items():
+        try:
+            dims = [int(d) for d in shape]
+        except (TypeError, ValueError):
+            raise ValueError(f"input_shape_dict[{name!r}] must be a list of positive ints, got {shape!r}") from None
+        if not dims or any(d <= 0 for d in dims):
+            raise ValueError(f"input_shape_dict[{name!r}] must be a list of positive ints, got {shape!r}")
+        args_list.append(torch.randn(dims, generator=torch.Generator().manual_seed(0)))
+    return tuple(args_list), list(input_shape_dict)
+
+
+def convert_onnx(
+    model: nn.Module,
+    input_shape_dict: Mapping[str, Sequence[int]] | None = None,
+    dummy_input: Any = None,
+    **extra_kwargs: Any,
+) -> tuple[onnx.ModelProto, QParamTable, list[str], list[str]]:
+    """Export a merged, frozen model and strip it: (float model, table, input names, output names)."""
+    args, names = _example_inputs(input_shape_dict, dummy_input)
+    user_names = extra_kwargs.pop("input_names", None)
+    if user_names is not None:
+        if len(user_names) != len(args):
+            raise ValueError(f"input_names has {len(user_names)} names for {len(args)} inputs")
+        names = list(user_names)
+    try:
+        exported = export_marked(model, args, names, **extra_kwargs)
+    except RuntimeError as error:
+        message = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise RuntimeError(
+            f"ONNX export failed for inputs of shapes {[list(a.shape) for a in args]}: {message}"
+        ) from error
+    float_model, table = strip_quantizers(exported)
+    return float_model, table, exported.input_names, exported.output_names
+
+
+def _check_writable(folder: Path) -> None:
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise ValueError(f"output_path {str(folder)!r} cannot be created: {error.strerror}") from None
+    if not folder.is_dir():
+        raise ValueError(f"output_path {str(folder)!r} exists and is not a folder")
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as error:
+        raise ValueError(f"output_path {str(folder)!r} is not writable: {error.strerror}") from None
+
+
+def convert_deploy(
+    model: nn.Module,
+    backend_type: Any,
+    input_shape_dict: Mapping[str, Sequence[int]] | None = None,
+    dummy_input: Any = None,
+    output_path: str | Path = "./",
+    model_name: str = "mqbench_qmodel",
+    deploy_to_qlinear: bool = False,
+    **extra_kwargs: Any,
+) -> DeployResult:
+    """Deploy ``model`` (prepared, calibrated or trained) for ``backend_type``; see the module docstring.
+
+    Artifacts are written to a scratch folder inside ``output_path`` and moved into place only
+    when every step succeeded, so a failure leaves no partial set behind. ``extra_kwargs`` go to
+    ``torch.onnx.export`` (``input_names``, ``output_names``, ``dynamic_axes``, ``opset_version``,
+    ``dynamo``; the TorchScript path is the default).
+    """
+    from mqbench.deploy.writers import WRITERS
+
+    spec = resolve_backend(backend_type)
+    if not model_name or any(c in model_name for c in "/\\\0"):
+        raise ValueError(f"model_name must be a plain file name, got {model_name!r}")
+    folder = Path(output_path)
+    _check_writable(folder)
+    deployed = convert_merge_bn(model)
+    float_model, table, input_names, output_names = convert_onnx(
+        deployed, input_shape_dict, dummy_input, **extra_kwargs
+    )
+    qdq_model, dequantized = insert_qdq(float_model, table)
+    keys = list(spec.deploy) + (["qlinear_onnx"] if deploy_to_qlinear and "qlinear_onnx" not in spec.deploy else [])
+    extra_steps = deploy_functions[spec.name]
+    scratch = Path(tempfile.mkdtemp(prefix=".mqbench-deploy-", dir=folder))
+    try:
+        context = DeployContext(spec, model_name, scratch, float_model, qdq_model, table, input_names, output_names)
+        written = {
+            "onnx": save_model(qdq_model, context.path(".onnx")),
+            "deploy_onnx": save_model(float_model, context.path("_deploy_model.onnx")),
+        }
+        for key in keys:
+            step = extra_steps.get(key) or WRITERS[key]
+            written[key] = str(step(context))
+        for key, step in extra_steps.items():
+            if key not in written or key in ("onnx", "deploy_onnx"):
+                written[key] = str(step(context))
+        artifacts = {}
+        for key, path in written.items():
+            source = Path(path)
+            if not source.is_file():
+                raise RuntimeError(f"deploy step {key!r} returned {path!r}, which is not a file it wrote")
+            target = folder / source.relative_to(scratch)
+            artifacts[key] = str(target)
+        for key, path in written.items():
+            target = Path(artifacts[key])
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.move(path, target)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return DeployResult(
+        spec.name, model_name, artifacts, table.to_dict(), table, input_names, output_names, dequantized
+    )

@@ -1,0 +1,158 @@
+"""The deployed form of a quantized model: BatchNorm merged, every quantizer frozen to fixed qparams.
+
+``freeze_quantizers`` replaces each enabled fake quantizer with a :class:`FrozenQuantizer`
+holding the fixed scale and integer zero point it is equivalent to (or, for the logarithmic
+NNIE grid, its ``data_max``), and clips every quantized weight to the float image of its
+integer range (and applies a quantizer's weight transform, e.g. DoReFa's normalisation), so
+the backend re-quantizing that weight gets the same integers.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+
+import torch
+from torch import Tensor, fx, nn
+
+from mqbench.custom_quantizer.passes import set_submodule
+from mqbench.fake_quantize.quantize_base import QuantizeBase, _exporting
+from mqbench.functional import broadcast_to_axis, fake_quantize, fake_quantize_for_export
+from mqbench.nn.intrinsic.qat.modules.bn_folding import BnFoldingModule
+from mqbench.utils.state import quantizers
+
+__all__ = ["FrozenQuantizer", "UncalibratedError", "freeze_quantizers", "merge_bn", "uncalibrated_quantizers"]
+
+Tap = Callable[["FrozenQuantizer", Tensor, Tensor], None]
+
+
+class UncalibratedError(RuntimeError):
+    """Deploying a model whose quantizers never saw data."""
+
+
+class FrozenQuantizer(nn.Module):
+    """A fake quantizer reduced to constants: ``scale``/``zero_point`` (linear) or ``data_max`` (log grid).
+
+    Eager forward is the simulation's arithmetic; under ONNX export it is the standard
+    QuantizeLinear/DequantizeLinear form. ``tap`` (set while exporting for deployment)
+    sees every call's input and output.
+    """
+
+    scale: Tensor
+    zero_point: Tensor
+
+    def __init__(
+        self,
+        name: str,
+        scale: Tensor,
+        zero_point: Tensor,
+        quant_min: int,
+        quant_max: int,
+        axis: int | None,
+        kind: str,
+        data_max: Tensor | None = None,
+    ) -> None:
+        super().__init__()
+        self.name = name
+        self.register_buffer("scale", scale.detach().float().reshape(-1).clone())
+        self.register_buffer("zero_point", torch.round(zero_point.detach().float()).to(torch.int32).reshape(-1))
+        self.quant_min, self.quant_max, self.axis, self.kind = quant_min, quant_max, axis, kind
+        self.data_max = None if data_max is None else float(data_max.reshape(-1)[0])
+        self.tap: Tap | None = None
+
+    @property
+    def grid(self) -> str:
+        return "linear" if self.data_max is None else "log"
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.data_max is not None:
+            from mqbench.fake_quantize.nnie import nnie_quantize
+
+            y = nnie_quantize(x, torch.tensor([self.data_max], dtype=torch.float32, device=x.device))
+        elif _exporting():
+            y = fake_quantize_for_export(x, self.scale, self.zero_point, self.quant_min, self.quant_max, self.axis)
+        else:
+            y = fake_quantize(x, self.scale, self.zero_point, self.quant_min, self.quant_max, self.axis)
+        if self.tap is not None:
+            self.tap(self, x, y)
+        return y
+
+    def clip(self, x: Tensor) -> Tensor:
+        """``x`` clipped to the float image of the integer range (per channel along ``axis``)."""
+        low = broadcast_to_axis((self.quant_min - self.zero_point.float()) * self.scale, x, self.axis)
+        high = broadcast_to_axis((self.quant_max - self.zero_point.float()) * self.scale, x, self.axis)
+        return torch.minimum(torch.maximum(x, low), high)
+
+    def extra_repr(self) -> str:
+        if self.data_max is not None:
+            return f"{self.name}: log grid, data_max={self.data_max}"
+        return f"{self.name}: [{self.quant_min}, {self.quant_max}], axis={self.axis}, {self.kind}"
+
+
+def uncalibrated_quantizers(model: nn.Module) -> list[str]:
+    """Enabled quantizers whose observer never saw a tensor (their qparams are the initial ones)."""
+    missing = []
+    for name, quantizer in quantizers(model):
+        if quantizer._switch("fake_quant") and not quantizer.activation_post_process.calibrated:
+            missing.append(name)
+    return missing
+
+
+def merge_bn(model: nn.Module) -> nn.Module:
+    """A copy of ``model`` in eval mode with every BN-folding QAT module merged into its conv/linear."""
+    merged = copy.deepcopy(model).eval()
+    for name, module in list(merged.named_modules()):
+        if isinstance(module, BnFoldingModule):
+            set_submodule(merged, name, module.merge_bn().eval())
+    if isinstance(merged, fx.GraphModule):
+        merged.recompile()
+    return merged
+
+
+def _freeze(name: str, quantizer: QuantizeBase, kind: str) -> FrozenQuantizer:
+    qmin, qmax = quantizer.quant_min, quantizer.quant_max
+    if quantizer.deploy_grid == "log":
+        data_max = quantizer.data_max  # type: ignore[attr-defined]
+        return FrozenQuantizer(name, quantizer.scale, quantizer.zero_point, qmin, qmax, None, kind, data_max)
+    scale, zero_point = quantizer.export_qparams()
+    return FrozenQuantizer(name, scale, zero_point, qmin, qmax, quantizer.axis, kind)
+
+
+def freeze_quantizers(model: nn.Module) -> nn.Module:
+    """Replace every enabled quantizer of ``model`` (in place) with its :class:`FrozenQuantizer`.
+
+    Disabled quantizers become identities (nn.Identity). Weights read by a weight quantizer
+    are transformed (:meth:`QuantizeBase.deploy_weight`) and clipped to the quantized range.
+    Raises :class:`UncalibratedError` naming every enabled quantizer that never saw data, and
+    ValueError for a quantizer whose qparams depend on each input (no fixed deployed form).
+    """
+    missing = uncalibrated_quantizers(model)
+    if missing:
+        shown = ", ".join(missing[:10]) + (f" and {len(missing) - 10} more" if len(missing) > 10 else "")
+        raise UncalibratedError(
+            f"{len(missing)} quantizer(s) were never calibrated: {shown}. Run the model on calibration data "
+            "under mqbench.utils.state.enable_calibration(model) (or load a calibrated state dict) before deploying."
+        )
+    owners = {f"{name}.weight_fake_quant": module for name, module in model.named_modules()}
+    for name, quantizer in list(quantizers(model)):
+        if not quantizer._switch("fake_quant"):
+            set_submodule(model, name, nn.Identity())
+            continue
+        owner = owners.get(name)
+        kind = "weight" if owner is not None else "activation"
+        if kind == "activation" and not quantizer.deploys_activations:
+            raise ValueError(
+                f"{name} ({type(quantizer).__name__}) quantizes activations with parameters computed from each "
+                "input, which no deployment format can hold; use it for weights only"
+            )
+        frozen = _freeze(name, quantizer, kind)
+        if owner is not None:
+            with torch.no_grad():
+                weight = quantizer.deploy_weight(owner.weight.detach())
+                if frozen.grid == "linear":
+                    weight = frozen.clip(weight)
+                owner.weight.copy_(weight)
+        set_submodule(model, name, frozen)
+    if isinstance(model, fx.GraphModule):
+        model.recompile()
+    return model

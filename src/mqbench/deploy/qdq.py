@@ -1,0 +1,226 @@
+"""Insert quantization into a float ONNX model from a QParamTable: the standard Q/DQ form.
+
+Up to 8 bits a quantized tensor becomes QuantizeLinear -> DequantizeLinear on an int8 or
+uint8 container, with a Clip in front when the integer range is narrower than the
+container (e.g. [-127, 127] or 4 bits), which gives exactly the same integers. Wider grids
+(16-bit activations) are written as the arithmetic itself (Div, Round, Add, Clip, Sub, Mul),
+and the logarithmic grid as its formula; both are exact on onnxruntime.
+
+Example:
+    >>> import numpy as np, onnx
+    >>> from onnx import helper, TensorProto
+    >>> from mqbench.deploy.table import QParamTable, TensorQParams
+    >>> from mqbench.deploy.qdq import insert_qdq
+    >>> graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"], name="relu")], "g",
+    ...     [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
+    ...     [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])])
+    >>> model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    >>> table = QParamTable({"x": TensorQParams(np.array([0.1]), np.array([0]), -128, 127)})
+    >>> qdq, dequantized = insert_qdq(model, table)
+    >>> [node.op_type for node in qdq.graph.node], dequantized["x"]
+    (['QuantizeLinear', 'DequantizeLinear', 'Relu'], 'x_dq')
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from mqbench.deploy.onnx_graph import all_names, constant, consumers_of, initializer_map, topological_sort, unique_name
+from mqbench.deploy.table import QParamTable, TensorQParams
+
+__all__ = ["container", "insert_qdq"]
+
+_LN2 = float(np.log(2.0))
+
+
+def container(entry: TensorQParams) -> tuple[int, int, np.dtype]:
+    """The 8-bit integer type holding the entry's range: int8 when it reaches below zero, else uint8."""
+    if entry.quant_min < 0:
+        return -128, 127, np.dtype(np.int8)
+    return 0, 255, np.dtype(np.uint8)
+
+
+class _Builder:
+    def __init__(self, model: onnx.ModelProto) -> None:
+        self.graph = model.graph
+        self.taken = all_names(self.graph)
+        self.nodes: list[onnx.NodeProto] = []
+        self.ranks = {v.name: len(v.type.tensor_type.shape.dim) for v in self.graph.input}
+        self.ranks.update({i.name: len(i.dims) for i in self.graph.initializer})
+        self.ranks.update({v.name: len(v.type.tensor_type.shape.dim) for v in self.graph.value_info})
+
+    def name(self, base: str) -> str:
+        return unique_name(base, self.taken)
+
+    def const(self, base: str, value: np.ndarray) -> str:
+        name = self.name(base)
+        self.graph.initializer.append(constant(name, value))
+        return name
+
+    def node(self, op: str, inputs: list[str], base: str, **attrs: object) -> str:
+        output = self.name(base)
+        self.nodes.append(helper.make_node(op, inputs, [output], name=self.name(f"{base}_{op}"), **attrs))
+        return output
+
+    def broadcast(self, tensor: str, values: np.ndarray, entry: TensorQParams, base: str) -> str:
+        if entry.axis is None:
+            return self.const(base, values.reshape(()))
+        rank = self.ranks.get(tensor)
+        if rank is None:
+            raise ValueError(
+                f"per-channel {entry.bits}-bit quantization of {tensor!r} needs its rank; run shape inference"
+            )
+        shape = [1] * rank
+        shape[entry.axis % rank] = -1
+        return self.const(base, values.reshape(shape))
+
+    # -- the three grid forms -------------------------------------------------------------
+    def linear8(self, tensor: str, entry: TensorQParams) -> str:
+        low, high, dtype = container(entry)
+        x = tensor
+        if (entry.quant_min, entry.quant_max) != (low, high) and entry.kind != "weight":
+            lo, hi = entry.float_range()
+            if entry.axis is None:
+                x = self.node(
+                    "Clip",
+                    [
+                        x,
+                        self.const(f"{tensor}_clip_min", np.array(lo, np.float32)),
+                        self.const(f"{tensor}_clip_max", np.array(hi, np.float32)),
+                    ],
+                    f"{tensor}_clipped",
+                )
+            else:
+                x = self.node(
+                    "Max",
+                    [x, self.broadcast(tensor, np.asarray(lo, np.float32), entry, f"{tensor}_clip_min")],
+                    f"{tensor}_clipped_low",
+                )
+                x = self.node(
+                    "Min",
+                    [x, self.broadcast(tensor, np.asarray(hi, np.float32), entry, f"{tensor}_clip_max")],
+                    f"{tensor}_clipped",
+                )
+        scale = entry.scale if entry.axis is not None else entry.scale.reshape(())
+        zero_point = entry.zero_point.astype(dtype)
+        zero_point = zero_point if entry.axis is not None else zero_point.reshape(())
+        scale_name = self.const(f"{tensor}_scale", scale)
+        zero_name = self.const(f"{tensor}_zero_point", zero_point)
+        attrs = {} if entry.axis is None else {"axis": entry.axis}
+        q = self.node("QuantizeLinear", [x, scale_name, zero_name], f"{tensor}_quantized", **attrs)
+        return self.node("DequantizeLinear", [q, scale_name, zero_name], f"{tensor}_dq", **attrs)
+
+    def linear_wide(self, tensor: str, entry: TensorQParams) -> str:
+        scale = self.broadcast(tensor, entry.scale.astype(np.float32), entry, f"{tensor}_scale")
+        zero = self.broadcast(tensor, entry.zero_point.astype(np.float32), entry, f"{tensor}_zero_point")
+        lo = self.const(f"{tensor}_qmin", np.array(entry.quant_min, np.float32))
+        hi = self.const(f"{tensor}_qmax", np.array(entry.quant_max, np.float32))
+        q = self.node("Div", [tensor, scale], f"{tensor}_div")
+        q = self.node("Round", [q], f"{tensor}_round")
+        q = self.node("Add", [q, zero], f"{tensor}_add_zero_point")
+        q = self.node("Clip", [q, lo, hi], f"{tensor}_quantized")
+        q = self.node("Sub", [q, zero], f"{tensor}_sub_zero_point")
+        return self.node("Mul", [q, scale], f"{tensor}_dq")
+
+    def log_grid(self, tensor: str, entry: TensorQParams) -> str:
+        """NNIE's logarithmic grid (see mqbench.fake_quantize.nnie.nnie_quantize), the same float64 ops."""
+        import torch
+
+        from mqbench.fake_quantize.nnie import _exponent_offset
+
+        z = float(_exponent_offset(torch.tensor([entry.data_max], dtype=torch.float32)).item())
+        f64 = lambda base, v: self.const(f"{tensor}_{base}", np.array(v, np.float64))  # noqa: E731
+        double = onnx.TensorProto.DOUBLE
+        xd = self.node("Cast", [tensor], f"{tensor}_f64", to=double)
+        magnitude = self.node("Abs", [xd], f"{tensor}_abs")
+        positive = self.node("Greater", [xd, f64("zero", 0.0)], f"{tensor}_positive")
+        low = self.node("Cast", [self.node("Not", [positive], f"{tensor}_negative")], f"{tensor}_low", to=double)
+        log2 = self.node("Div", [self.node("Log", [magnitude], f"{tensor}_log"), f64("ln2", _LN2)], f"{tensor}_log2")
+        n = self.node("Round", [self.node("Mul", [f64("sixteen", 16.0), log2], f"{tensor}_log2x16")], f"{tensor}_n")
+        zc = f64("z", z)
+        k = self.node("Max", [self.node("Sub", [n, zc], f"{tensor}_n_minus_z"), low], f"{tensor}_k_low")
+        k = self.node("Min", [k, f64("k_max", 127.0)], f"{tensor}_k")
+
+        def power(m: str, base: str) -> str:
+            p = self.node("Pow", [f64("two", 2.0), self.node("Div", [m, f64("sixteen_d", 16.0)], f"{base}_m16")], base)
+            p = self.node("Cast", [p], f"{base}_f32", to=onnx.TensorProto.FLOAT)
+            return self.node("Cast", [p], f"{base}_f64", to=double)
+
+        level = power(self.node("Add", [k, zc], f"{tensor}_k_plus_z"), f"{tensor}_level")
+        shift = self.node("Add", [f64("z_minus_16", z - 16.0), low], f"{tensor}_threshold_exp")
+        threshold = power(shift, f"{tensor}_threshold")
+        keep = self.node("GreaterOrEqual", [magnitude, threshold], f"{tensor}_keep")
+        signed = self.node(
+            "Where", [positive, level, self.node("Neg", [level], f"{tensor}_neg_level")], f"{tensor}_signed"
+        )
+        value = self.node("Where", [keep, signed, f64("zero_level", 0.0)], f"{tensor}_value")
+        return self.node("Cast", [value], f"{tensor}_dq", to=onnx.TensorProto.FLOAT)
+
+
+def insert_qdq(
+    model: onnx.ModelProto, table: QParamTable, use_consumers: bool = True
+) -> tuple[onnx.ModelProto, dict[str, str]]:
+    """A copy of ``model`` with every table entry quantized; also returns tensor -> dequantized tensor name.
+
+    With ``use_consumers`` an entry's ``consumers`` (node names) limit which readers get the
+    quantized value (the simulation's placement); otherwise, or when an entry has none, every
+    reader does. A quantized network output keeps its name and carries the quantized value.
+    """
+    model = onnx.ModelProto.FromString(model.SerializeToString())
+    graph = model.graph
+    builder = _Builder(model)
+    users = consumers_of(graph)
+    known = {v.name for v in graph.input} | set(initializer_map(graph)) | {o for n in graph.node for o in n.output}
+    output_names = {v.name for v in graph.output}
+    dequantized: dict[str, str] = {}
+    for tensor, entry in table.items():
+        if tensor not in known:
+            raise ValueError(f"the parameter table names tensor {tensor!r}, which the model does not have")
+        if tensor in output_names:  # keep the output's name for the quantized value
+            float_name = builder.name(f"{tensor}_float")
+            for node in graph.node:
+                for i, name in enumerate(node.output):
+                    if name == tensor:
+                        node.output[i] = float_name
+                for i, name in enumerate(node.input):
+                    if name == tensor:
+                        node.input[i] = float_name
+            readers = list(users.get(tensor, []))
+            users[float_name] = readers
+            source = float_name
+        else:
+            source = tensor
+        if entry.grid == "log":
+            result = builder.log_grid(source, entry)
+        elif entry.bits <= 8:
+            result = builder.linear8(source, entry)
+        else:
+            result = builder.linear_wide(source, entry)
+        readers = users.get(source, [])
+        wanted = set(entry.consumers) if (use_consumers and entry.consumers is not None) else None
+        for node in readers:
+            if wanted is not None and node.name not in wanted:
+                continue
+            for i, name in enumerate(node.input):
+                if name == source:
+                    node.input[i] = result
+        if tensor in output_names:
+            builder.nodes.append(
+                helper.make_node("Identity", [result], [tensor], name=builder.name(f"{tensor}_output"))
+            )
+            dequantized[tensor] = tensor
+        else:
+            dequantized[tensor] = result
+    graph.node.extend(builder.nodes)
+    topological_sort(graph)
+    if any(e.grid == "log" for e in table.values()):
+        _require_opset(model, 12)
+    return model, dequantized
+
+
+def _require_opset(model: onnx.ModelProto, version: int) -> None:
+    for opset in model.opset_import:
+        if opset.domain in ("", "ai.onnx") and opset.version < version:
+            opset.version = version

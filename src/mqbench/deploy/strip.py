@@ -1,0 +1,280 @@
+"""ONNX export of a frozen model and the strip step: ONNX with Q/DQ -> float ONNX + QParamTable.
+
+The frozen model (see :mod:`mqbench.deploy.freeze`) is exported with every quantizer call
+also returning its input and output as extra, marked graph outputs. The marks tell which
+ONNX tensor each quantizer read and which it wrote, whatever names the exporter chose and
+whichever ``torch.onnx.export`` path ran. Stripping then points every reader of a
+quantizer's output at its input (recording those readers), drops the marks, removes the
+now-dead Q/DQ subgraph and records the quantizer's parameters under the input tensor.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import torch
+from torch import Tensor, nn
+from torch.utils import _pytree as pytree
+
+from mqbench.deploy.freeze import FrozenQuantizer
+from mqbench.deploy.onnx_graph import (
+    all_names,
+    consumers_of,
+    eliminate_dead_nodes,
+    initializer_map,
+    make_node,
+    name_nodes,
+    producers_of,
+    rename_tensor,
+    topological_sort,
+    unique_name,
+)
+from mqbench.deploy.table import QParamTable, TensorQParams
+
+__all__ = ["ExportedGraph", "export_marked", "strip_quantizers"]
+
+_IN, _OUT = "mqbench_mark_in_", "mqbench_mark_out_"
+
+
+@dataclass
+class ExportedGraph:
+    """The raw export: the ONNX model with marks, and the quantizer behind each mark index."""
+
+    model: onnx.ModelProto
+    marks: list[FrozenQuantizer]
+    output_names: list[str]
+    input_names: list[str]
+
+
+class _Marked(nn.Module):
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+        self.calls: list[tuple[FrozenQuantizer, Tensor, Tensor]] = []
+
+    def forward(self, *args: Any) -> tuple[Tensor, ...]:
+        self.calls.clear()
+        outputs = self.model(*args)
+        flat, _ = pytree.tree_flatten(outputs)
+        tensors = [t for t in flat if isinstance(t, Tensor)]
+        marks = [t for _, x, y in self.calls for t in (x, y)]
+        return (*tensors, *marks)
+
+
+def _flat_outputs(model: nn.Module, args: tuple[Tensor, ...]) -> int:
+    with torch.no_grad():
+        flat, _ = pytree.tree_flatten(model(*args))
+    return sum(isinstance(t, Tensor) for t in flat)
+
+
+def export_marked(
+    model: nn.Module, args: tuple[Tensor, ...], input_names: Sequence[str], **export_kwargs: Any
+) -> ExportedGraph:
+    """Export ``model`` (frozen) with the quantizer marks; ``export_kwargs`` go to ``torch.onnx.export``."""
+    frozen = [m for m in model.modules() if isinstance(m, FrozenQuantizer)]
+    wrapper = _Marked(model)
+
+    def tap(quantizer: FrozenQuantizer, x: Tensor, y: Tensor) -> None:
+        wrapper.calls.append((quantizer, x, y))
+
+    count = _flat_outputs(model, args)
+    user_outputs = list(export_kwargs.pop("output_names", None) or [])
+    if len(user_outputs) > count:
+        raise ValueError(f"output_names has {len(user_outputs)} names but the model returns {count} tensors")
+    output_names = user_outputs + [f"output_{i}" if count > 1 else "output" for i in range(len(user_outputs), count)]
+    for quantizer in frozen:
+        quantizer.tap = tap
+    try:
+        with torch.no_grad():
+            model(*args)
+        marks = [quantizer for quantizer, _, _ in wrapper.calls]
+        names = output_names + [f"{prefix}{i}" for i in range(len(marks)) for prefix in (_IN, _OUT)]
+        dynamic_axes = export_kwargs.pop("dynamic_axes", None)
+        kwargs: dict[str, Any] = {"input_names": list(input_names), "output_names": names, **export_kwargs}
+        dynamo = kwargs.setdefault("dynamo", False)
+        if dynamic_axes is not None:
+            kwargs["dynamic_axes"] = dynamic_axes
+        if not dynamo:
+            kwargs.setdefault("opset_version", 17)
+        with tempfile.TemporaryDirectory() as folder, warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            path = Path(folder) / "marked.onnx"
+            torch.onnx.export(wrapper, args, str(path), **kwargs)
+            exported = onnx.load(str(path), load_external_data=True)
+    finally:
+        for quantizer in frozen:
+            quantizer.tap = None
+    return ExportedGraph(exported, marks, output_names, list(input_names))
+
+
+def _resolve(name: str, producers: Mapping[str, onnx.NodeProto], marks: set[str]) -> str:
+    """Follow Identity nodes the exporter added to produce mark outputs back to the real tensor."""
+    node = producers.get(name)
+    while node is not None and node.op_type == "Identity" and node.output[0] in marks:
+        name = node.input[0]
+        node = producers.get(name)
+    return name
+
+
+def _depends_only_on(
+    output: str, source: str, producers: Mapping[str, onnx.NodeProto], constants: set[str]
+) -> str | None:
+    """None if ``output`` is computed from ``source`` and constants alone; else a tensor it also reads."""
+    stack, seen = [output], set()
+    while stack:
+        name = stack.pop()
+        if name in seen or name == source or name in constants or not name:
+            continue
+        seen.add(name)
+        node = producers.get(name)
+        if node is None:
+            return name
+        stack.extend(node.input)
+    return None
+
+
+def strip_quantizers(exported: ExportedGraph) -> tuple[onnx.ModelProto, QParamTable]:
+    """The float model (marks and quantizer subgraphs removed) and the parameters of each quantized tensor."""
+    model = onnx.ModelProto.FromString(exported.model.SerializeToString())
+    graph = model.graph
+    name_nodes(graph)
+    mark_names = {v.name for v in graph.output if v.name.startswith((_IN, _OUT))}
+    producers = producers_of(graph)
+    constants = set(initializer_map(graph))
+    entries: dict[str, TensorQParams] = {}
+    rewires: list[tuple[str, str, str]] = []
+    calls: dict[str, int] = {}
+    for index, quantizer in enumerate(exported.marks):
+        source = _resolve(f"{_IN}{index}", producers, mark_names)
+        result = _resolve(f"{_OUT}{index}", producers, mark_names)
+        stray = _depends_only_on(result, source, producers, constants)
+        if stray is not None:
+            raise RuntimeError(
+                f"the exported form of {quantizer.name} reads {stray!r} besides its input {source!r}; "
+                "this exporter output is not supported"
+            )
+        call = calls.get(quantizer.name, 0)
+        calls[quantizer.name] = call + 1
+        consumers = tuple(node.name for node in consumers_of(graph).get(result, []) if node.output[0] not in mark_names)
+        entry = TensorQParams(
+            quantizer.scale.numpy(),
+            quantizer.zero_point.numpy(),
+            quantizer.quant_min,
+            quantizer.quant_max,
+            quantizer.axis,
+            kind=quantizer.kind,
+            consumers=None if quantizer.kind == "weight" else consumers,
+            grid=quantizer.grid,
+            data_max=quantizer.data_max,
+            quantizer=quantizer.name,
+            extra={"call": call},
+        )
+        previous = entries.get(source)
+        if previous is not None:
+            if not previous.same_quantization(entry):
+                raise RuntimeError(
+                    f"tensor {source!r} is quantized by {previous.quantizer} and {quantizer.name} with different "
+                    "parameters; deployment formats hold one set per tensor (make the two quantizers share one)"
+                )
+            if previous.consumers is not None and entry.consumers is not None:
+                entries[source] = previous.with_changes(consumers=previous.consumers + entry.consumers)
+        else:
+            entries[source] = entry
+        rewires.append((result, source, source))
+    # Point readers of each quantizer output at its input; graph outputs get an Identity.
+    output_names = {v.name for v in graph.output}
+    taken = all_names(graph)
+    for result, source, key in rewires:
+        for node in graph.node:
+            for i, name in enumerate(node.input):
+                if name == result:
+                    node.input[i] = source
+        if result in output_names and result not in mark_names:
+            identity = make_node("Identity", [source], [result], unique_name(f"{result}_identity", taken))
+            graph.node.append(identity)
+            entry = entries[key]
+            if entry.consumers is not None:  # the network output reads the quantized value
+                entries[key] = entry.with_changes(consumers=(*entry.consumers, identity.name))
+            # The Q/DQ subgraph that produced it must no longer write the same name.
+            producer = producers.get(result)
+            if producer is not None and producer.op_type != "Identity":
+                renamed = unique_name(f"{result}_quantized", taken)
+                for i, name in enumerate(producer.output):
+                    if name == result:
+                        producer.output[i] = renamed
+    kept = [v for v in graph.output if v.name not in mark_names]
+    del graph.output[:]
+    graph.output.extend(kept)
+    eliminate_dead_nodes(graph)
+    topological_sort(graph)
+    entries = _drop_wrapper_prefix(graph, entries)
+    entries = _readable_names(graph, entries)
+    return model, QParamTable(entries)
+
+
+def _drop_wrapper_prefix(graph: onnx.GraphProto, entries: dict[str, TensorQParams]) -> dict[str, TensorQParams]:
+    """Names the exporter derived from the marking wrapper (``model.conv1.weight``, ``/model/conv1/Conv``) lose it."""
+    taken = all_names(graph)
+
+    def strip(name: str) -> str:
+        for prefix, replacement in (("model.", ""), ("/model/", "/")):
+            if name.startswith(prefix):
+                new = replacement + name[len(prefix) :]
+                if new not in taken:
+                    return new
+        return name
+
+    tensors = {v.name for v in graph.input} | {i.name for i in graph.initializer}
+    tensors |= {name for node in graph.node for name in (*node.input, *node.output) if name}
+    mapping = {name: strip(name) for name in tensors}
+    mapping = {old: new for old, new in mapping.items() if old != new}
+    for node in graph.node:
+        node.name = strip(node.name)
+        node.input[:] = [mapping.get(name, name) for name in node.input]
+        node.output[:] = [mapping.get(name, name) for name in node.output]
+    for collection in (graph.input, graph.output, graph.value_info, graph.initializer):
+        for value in collection:
+            value.name = mapping.get(value.name, value.name)
+    renamed = {}
+    for name, entry in entries.items():
+        if entry.consumers is not None:
+            entry = entry.with_changes(consumers=tuple(strip(c) for c in entry.consumers))
+        renamed[mapping.get(name, name)] = entry
+    return renamed
+
+
+def _readable_names(graph: onnx.GraphProto, entries: dict[str, TensorQParams]) -> dict[str, TensorQParams]:
+    """Rename tensors still carrying a mark name after the quantizer's subject (``conv1`` for ``conv1_post_act...``)."""
+    taken = all_names(graph)
+    renamed: dict[str, TensorQParams] = {}
+    for name, entry in entries.items():
+        if name.startswith((_IN, _OUT)):
+            if entry.kind == "weight":
+                base = entry.quantizer.removesuffix("weight_fake_quant") + "weight"
+            else:
+                base = entry.quantizer.removesuffix("_post_act_fake_quantizer") or "tensor"
+            new = unique_name(base, taken)
+            rename_tensor(graph, name, new)
+            name = new
+        renamed[name] = entry
+    for value in graph.output:
+        if value.name.startswith((_IN, _OUT)):
+            raise RuntimeError(f"a mark output survived stripping: {value.name}")
+    return renamed
+
+
+def clip_reference(values: np.ndarray, entry: TensorQParams) -> np.ndarray:
+    """``values`` clipped to the float image of the entry's integer range (per channel along its axis)."""
+    low, high = entry.float_range()
+    if entry.axis is None:
+        return np.clip(values, low, high)
+    shape = [1] * values.ndim
+    shape[entry.axis] = -1
+    return np.clip(values, np.reshape(low, shape), np.reshape(high, shape))
