@@ -6,4 +6,6 @@ from mqbench.backends import tensorrt
 
 __all__ = ["SPEC"]
 
-SPEC = replace(tensorrt.SPEC, name="qdq", description="ONNX QuantizeLinear/DequantizeLinear (explicit quantization)")
+SPEC = replace(
+    tensorrt.SPEC, name="qdq", description="ONNX QuantizeLinear/DequantizeLinear (explicit quantization)", deploy=()
+)

@@ -144,7 +144,7 @@ def rename_tensor(graph: onnx.GraphProto, old: str, new: str) -> None:
 
 
 def constant(name: str, value: np.ndarray) -> onnx.TensorProto:
-    return numpy_helper.from_array(np.ascontiguousarray(value), name)
+    return numpy_helper.from_array(np.array(value, copy=True, order="C"), name)
 
 
 def topological_sort(graph: onnx.GraphProto) -> None:

@@ -10,9 +10,12 @@ now-dead Q/DQ subgraph and records the quantizer's parameters under the input te
 
 from __future__ import annotations
 
+import contextlib
+import io
+import logging
 import tempfile
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -68,12 +71,6 @@ class _Marked(nn.Module):
         return (*tensors, *marks)
 
 
-def _flat_outputs(model: nn.Module, args: tuple[Tensor, ...]) -> int:
-    with torch.no_grad():
-        flat, _ = pytree.tree_flatten(model(*args))
-    return sum(isinstance(t, Tensor) for t in flat)
-
-
 def export_marked(
     model: nn.Module, args: tuple[Tensor, ...], input_names: Sequence[str], **export_kwargs: Any
 ) -> ExportedGraph:
@@ -84,17 +81,18 @@ def export_marked(
     def tap(quantizer: FrozenQuantizer, x: Tensor, y: Tensor) -> None:
         wrapper.calls.append((quantizer, x, y))
 
-    count = _flat_outputs(model, args)
-    user_outputs = list(export_kwargs.pop("output_names", None) or [])
-    if len(user_outputs) > count:
-        raise ValueError(f"output_names has {len(user_outputs)} names but the model returns {count} tensors")
-    output_names = user_outputs + [f"output_{i}" if count > 1 else "output" for i in range(len(user_outputs), count)]
     for quantizer in frozen:
         quantizer.tap = tap
     try:
         with torch.no_grad():
-            model(*args)
+            flat, _ = pytree.tree_flatten(model(*args))
+        count = sum(isinstance(t, Tensor) for t in flat)
         marks = [quantizer for quantizer, _, _ in wrapper.calls]
+        user_outputs = list(export_kwargs.pop("output_names", None) or [])
+        if len(user_outputs) > count:
+            raise ValueError(f"output_names has {len(user_outputs)} names but the model returns {count} tensors")
+        default = [f"output_{i}" if count > 1 else "output" for i in range(len(user_outputs), count)]
+        output_names = user_outputs + default
         names = output_names + [f"{prefix}{i}" for i in range(len(marks)) for prefix in (_IN, _OUT)]
         dynamic_axes = export_kwargs.pop("dynamic_axes", None)
         kwargs: dict[str, Any] = {"input_names": list(input_names), "output_names": names, **export_kwargs}
@@ -103,7 +101,7 @@ def export_marked(
             kwargs["dynamic_axes"] = dynamic_axes
         if not dynamo:
             kwargs.setdefault("opset_version", 17)
-        with tempfile.TemporaryDirectory() as folder, warnings.catch_warnings():
+        with tempfile.TemporaryDirectory() as folder, warnings.catch_warnings(), _quiet_exporter_logs():
             warnings.simplefilter("ignore")
             path = Path(folder) / "marked.onnx"
             torch.onnx.export(wrapper, args, str(path), **kwargs)
@@ -112,6 +110,21 @@ def export_marked(
         for quantizer in frozen:
             quantizer.tap = None
     return ExportedGraph(exported, marks, output_names, list(input_names))
+
+
+@contextlib.contextmanager
+def _quiet_exporter_logs() -> Iterator[None]:
+    """The exporters log progress and optimizer notes at INFO/WARNING; deployment reports its own errors."""
+    loggers = [logging.getLogger(name) for name in ("torch.onnx", "onnxscript", "onnx_ir", "torch.export")]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.ERROR)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            yield
+    finally:
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)
 
 
 def _resolve(name: str, producers: Mapping[str, onnx.NodeProto], marks: set[str]) -> str:
@@ -162,7 +175,8 @@ def strip_quantizers(exported: ExportedGraph) -> tuple[onnx.ModelProto, QParamTa
             )
         call = calls.get(quantizer.name, 0)
         calls[quantizer.name] = call + 1
-        consumers = tuple(node.name for node in consumers_of(graph).get(result, []) if node.output[0] not in mark_names)
+        readers = consumers_of(graph).get(result, [])
+        consumers = tuple(n.name for n in readers if not (n.op_type == "Identity" and n.output[0] in mark_names))
         entry = TensorQParams(
             quantizer.scale.numpy(),
             quantizer.zero_point.numpy(),
@@ -201,7 +215,10 @@ def strip_quantizers(exported: ExportedGraph) -> tuple[onnx.ModelProto, QParamTa
             graph.node.append(identity)
             entry = entries[key]
             if entry.consumers is not None:  # the network output reads the quantized value
-                entries[key] = entry.with_changes(consumers=(*entry.consumers, identity.name))
+                entry = entry.with_changes(consumers=(*entry.consumers, identity.name))
+            entries[key] = entry.with_changes(
+                extra={**entry.extra, "outputs": (*entry.extra.get("outputs", ()), result)}
+            )
             # The Q/DQ subgraph that produced it must no longer write the same name.
             producer = producers.get(result)
             if producer is not None and producer.op_type != "Identity":

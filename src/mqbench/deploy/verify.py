@@ -1,0 +1,427 @@
+"""Run a deployment's artifacts on their runtimes and compare them with the simulation, tensor by tensor.
+
+* ``onnx`` (the Q/DQ model): onnxruntime, every quantized tensor and every output.
+* ``qlinear_onnx``: onnxruntime on the integer graph; its integer tensors are dequantized.
+* ``openvino_onnx``: OpenVINO's runtime.
+* parameter files (clip ranges, encodings, ...): a Q/DQ model rebuilt from ``deploy_onnx`` and the
+  values read back from the file alone (the placement is the deployment's), run on onnxruntime.
+  This proves the file is complete and right.
+* ``reference``: the integer reference executor (int32 accumulation, fixed-point requantization)
+  on the Q/DQ model: what integer hardware computes.
+
+Per quantized tensor and per output the report gives the max absolute difference, the max
+difference in LSBs of that tensor's quantizer and the fraction of bit-exact elements, and it
+names the first tensor (in graph order) where runtime and simulation part.
+
+Example:
+    >>> import torch, tempfile
+    >>> from mqbench.prepare_by_platform import prepare_by_platform
+    >>> from mqbench.utils.state import enable_calibration, enable_quantization
+    >>> from mqbench.convert_deploy import convert_deploy
+    >>> from mqbench.deploy.verify import verify_deploy
+    >>> model = torch.nn.Sequential(torch.nn.Conv2d(1, 4, 3), torch.nn.ReLU()).eval()
+    >>> qmodel = prepare_by_platform(model, "qdq")
+    >>> enable_calibration(qmodel); _ = qmodel(torch.randn(2, 1, 8, 8)); enable_quantization(qmodel)
+    >>> with tempfile.TemporaryDirectory() as folder:
+    ...     result = convert_deploy(qmodel, "qdq", {"x": [1, 1, 8, 8]}, output_path=folder)
+    ...     report = verify_deploy(qmodel, result, torch.randn(3, 1, 8, 8))
+    >>> report.max_lsb_diff <= 1
+    True
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections import defaultdict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import onnx
+import torch
+from onnx import helper
+from torch import Tensor, nn
+from torch.utils import _pytree as pytree
+
+from mqbench.deploy.onnx_graph import ort_session
+from mqbench.deploy.qdq import insert_qdq
+from mqbench.deploy.table import QParamTable, TensorQParams
+from mqbench.fake_quantize.quantize_base import QuantizeBase
+
+__all__ = ["ArtifactReport", "TensorDiff", "VerifyReport", "simulate", "verify_deploy"]
+
+
+@dataclass(frozen=True)
+class TensorDiff:
+    """How one tensor of a runtime compares with the simulation."""
+
+    name: str
+    quantizer: str
+    numel: int
+    max_abs_diff: float
+    max_lsb_diff: float | None  # None: a float tensor with no quantizer to measure LSBs by
+    exact_fraction: float
+
+    def row(self) -> str:
+        lsb = "-" if self.max_lsb_diff is None else f"{self.max_lsb_diff:.3g}"
+        return f"{self.name[:48]:<48} {self.max_abs_diff:>11.3g} {lsb:>8} {self.exact_fraction:>9.2%}"
+
+
+@dataclass
+class ArtifactReport:
+    """One artifact on its runtime: every quantized tensor it exposes and every output."""
+
+    artifact: str
+    runtime: str
+    per_tensor: dict[str, TensorDiff] = field(default_factory=dict)
+    outputs: dict[str, TensorDiff] = field(default_factory=dict)
+
+    @property
+    def max_abs_diff(self) -> float:
+        return max((d.max_abs_diff for d in self.outputs.values()), default=0.0)
+
+    @property
+    def max_lsb_diff(self) -> float:
+        """The largest per-tensor difference in LSBs (each tensor computed from the runtime's own inputs)."""
+        values = [d.max_lsb_diff for d in self.per_tensor.values()]
+        return max((v for v in values if v is not None), default=0.0)
+
+    @property
+    def output_max_lsb_diff(self) -> float | None:
+        """End to end: the largest difference of a quantized network output, in its LSBs (None: no such output)."""
+        values = [d.max_lsb_diff for d in self.outputs.values() if d.max_lsb_diff is not None]
+        return max(values) if values else None
+
+    @property
+    def exact_fraction(self) -> float:
+        """End to end: the fraction of network output elements that are bit-exact."""
+        total = sum(d.numel for d in self.outputs.values())
+        exact = sum(d.exact_fraction * d.numel for d in self.outputs.values())
+        return exact / total if total else 1.0
+
+    @property
+    def tensor_exact_fraction(self) -> float:
+        """Fraction of the elements of every quantized tensor that are bit-exact."""
+        total = sum(d.numel for d in self.per_tensor.values())
+        exact = sum(d.exact_fraction * d.numel for d in self.per_tensor.values())
+        return exact / total if total else 1.0
+
+    @property
+    def first_divergence(self) -> str | None:
+        """The first quantized tensor (graph order) that is not bit-exact."""
+        for name, diff in self.per_tensor.items():
+            if diff.exact_fraction < 1.0:
+                return name
+        return None
+
+
+@dataclass
+class VerifyReport:
+    """Every artifact's comparison; the top-level figures are the worst over artifacts."""
+
+    backend: str
+    artifacts: dict[str, ArtifactReport]
+
+    @property
+    def max_abs_diff(self) -> float:
+        return max((a.max_abs_diff for a in self.artifacts.values()), default=0.0)
+
+    @property
+    def max_lsb_diff(self) -> float:
+        return max((a.max_lsb_diff for a in self.artifacts.values()), default=0.0)
+
+    @property
+    def exact_fraction(self) -> float:
+        return min((a.exact_fraction for a in self.artifacts.values()), default=1.0)
+
+    @property
+    def per_tensor(self) -> dict[str, TensorDiff]:
+        """The Q/DQ model's per-tensor comparison (the other artifacts': ``artifacts[key].per_tensor``)."""
+        primary = self.artifacts.get("onnx") or next(iter(self.artifacts.values()))
+        return primary.per_tensor
+
+    @property
+    def first_divergence(self) -> str | None:
+        return self.per_tensor and self.artifacts.get("onnx", next(iter(self.artifacts.values()))).first_divergence
+
+    def summary(self) -> str:
+        lines = [f"{'artifact':<16} {'runtime':<22} {'max |diff|':>11} {'max LSB':>8} {'exact out':>9} {'exact q':>8}"]
+        for key, art in self.artifacts.items():
+            lines.append(
+                f"{key:<16} {art.runtime:<22} {art.max_abs_diff:>11.3g} {art.max_lsb_diff:>8.3g} "
+                f"{art.exact_fraction:>9.2%} {art.tensor_exact_fraction:>8.2%}"
+            )
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.summary()
+
+
+# -- the simulation -------------------------------------------------------------------------------
+@dataclass
+class Simulation:
+    outputs: list[np.ndarray]
+    quantized: dict[tuple[str, int], np.ndarray]  # (quantizer name, call index) -> output
+
+
+Forced = Mapping[tuple[str, int], np.ndarray]
+
+
+def _simulation_copy(qmodel: nn.Module) -> nn.Module:
+    model = copy.deepcopy(qmodel).eval()
+    for module in model.modules():
+        if isinstance(module, QuantizeBase):
+            module.disable_observer()
+    return model
+
+
+def simulate(model: nn.Module, inputs: Sequence[Tensor], forced: Forced | None = None) -> Simulation:
+    """Run the simulation (eval mode, observers off) recording every enabled quantizer's output.
+
+    With ``forced``, each quantizer's output is recorded and then replaced by the runtime's value
+    for that tensor, so the next layers start from what the runtime computed: each tensor's
+    difference is then that layer's own, not an accumulation of earlier ones.
+    """
+    records: dict[tuple[str, int], np.ndarray] = {}
+    calls: dict[str, int] = defaultdict(int)
+    handles = []
+    for name, module in model.named_modules():
+        if isinstance(module, QuantizeBase):
+
+            def hook(mod: nn.Module, args: Any, output: Tensor, name: str = name) -> Tensor | None:
+                key = (name, calls[name])
+                calls[name] += 1
+                records[key] = output.detach().float().numpy().copy()
+                if forced is not None and key in forced and forced[key].size == output.numel():
+                    return torch.from_numpy(np.ascontiguousarray(forced[key])).reshape(output.shape).to(output.dtype)
+                return None
+
+            handles.append(module.register_forward_hook(hook))
+    try:
+        with torch.no_grad():
+            flat, _ = pytree.tree_flatten(model(*inputs))
+    finally:
+        for handle in handles:
+            handle.remove()
+    return Simulation([t.detach().float().numpy() for t in flat if isinstance(t, Tensor)], records)
+
+
+# -- comparisons ----------------------------------------------------------------------------------
+def _log_index(values: np.ndarray, entry: TensorQParams) -> np.ndarray:
+    z = round(16 * math.log2(max(entry.data_max or 0.0, np.finfo(np.float32).tiny))) - 127
+    magnitude = np.abs(values.astype(np.float64))
+    with np.errstate(divide="ignore"):
+        k = np.where(magnitude > 0, np.round(16 * np.log2(np.maximum(magnitude, 1e-300))) - z + 1, 0)
+    return np.sign(values) * k
+
+
+def _diff(name: str, entry: TensorQParams | None, sim: np.ndarray, got: np.ndarray) -> TensorDiff:
+    got = np.asarray(got, dtype=np.float32)
+    if got.shape != sim.shape:
+        if got.size != sim.size:
+            raise ValueError(f"tensor {name!r}: runtime shape {list(got.shape)} vs simulation {list(sim.shape)}")
+        got = got.reshape(sim.shape)
+    delta = np.abs(got.astype(np.float64) - sim.astype(np.float64))
+    lsb = None
+    if entry is not None:
+        if entry.grid == "log":
+            lsb = float(np.max(np.abs(_log_index(got, entry) - _log_index(sim, entry)), initial=0.0))
+        else:
+            scale = entry.scale.astype(np.float64)
+            if entry.axis is not None and sim.ndim:
+                shape = [1] * sim.ndim
+                shape[entry.axis % sim.ndim] = -1
+                scale = scale.reshape(shape)
+            lsb = float(np.max(delta / scale, initial=0.0))
+    exact = float(np.mean(got == sim)) if sim.size else 1.0
+    return TensorDiff(name, entry.quantizer if entry else "", int(sim.size), float(delta.max(initial=0.0)), lsb, exact)
+
+
+def _with_outputs(model: onnx.ModelProto, names: Sequence[str]) -> onnx.ModelProto:
+    model = onnx.ModelProto.FromString(model.SerializeToString())
+    present = {v.name for v in model.graph.output}
+    for name in names:
+        if name not in present:
+            model.graph.output.append(helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None))
+            present.add(name)
+    return model
+
+
+def _feeds(input_names: Sequence[str], inputs: Sequence[Tensor]) -> dict[str, np.ndarray]:
+    return {name: t.detach().float().numpy() for name, t in zip(input_names, inputs, strict=True)}
+
+
+@dataclass
+class _Run:
+    """The simulation model, the inputs and the free-running simulation (for the end-to-end outputs)."""
+
+    model: nn.Module
+    inputs: list[Tensor]
+    free: Simulation
+
+
+def _compare(
+    artifact: str,
+    runtime: str,
+    values: Mapping[str, np.ndarray],
+    table: QParamTable,
+    exposed: Mapping[str, str],
+    run: _Run,
+    output_names: Sequence[str],
+) -> ArtifactReport:
+    report = ArtifactReport(artifact, runtime)
+    keys = {tensor: (entry.quantizer, int(entry.extra.get("call", 0))) for tensor, entry in table.items()}
+    forced = {keys[t]: values[exposed[t]] for t in table if t in exposed and exposed[t] in values}
+    sim = simulate(run.model, run.inputs, forced)
+    for tensor, entry in table.items():
+        key = keys[tensor]
+        name = exposed.get(tensor)
+        if name is None or name not in values or key not in sim.quantized:
+            continue
+        report.per_tensor[tensor] = _diff(tensor, entry, sim.quantized[key], values[name])
+    sim = run.free
+    by_output = {out: entry for entry in table.values() for out in entry.extra.get("outputs", ())}
+    for index, name in enumerate(output_names):
+        if name in values and index < len(sim.outputs):
+            report.outputs[name] = _diff(name, by_output.get(name), sim.outputs[index], values[name])
+    return report
+
+
+# -- runners --------------------------------------------------------------------------------------
+def _run_ort(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray], names: Sequence[str]) -> dict[str, np.ndarray]:
+    model = _with_outputs(model, names)
+    session = ort_session(model)
+    wanted = [v.name for v in model.graph.output]
+    return dict(zip(wanted, session.run(wanted, dict(feeds)), strict=True))
+
+
+def _verify_qdq(result: Any, feeds: Mapping[str, np.ndarray], run: _Run) -> ArtifactReport:
+    model = onnx.load(result.artifacts["onnx"])
+    names = list(result.dequantized.values()) + list(result.output_names)
+    values = _run_ort(model, feeds, names)
+    return _compare("onnx", "onnxruntime", values, result.table, result.dequantized, run, result.output_names)
+
+
+def _verify_parameter_file(key: str, result: Any, feeds: Mapping[str, np.ndarray], run: _Run) -> ArtifactReport:
+    from mqbench.backends import resolve_backend
+    from mqbench.deploy.writers import READERS
+
+    float_model = onnx.load(result.artifacts["deploy_onnx"])
+    read = READERS[key](result.artifacts[key], resolve_backend(result.backend), float_model)
+    entries: dict[str, TensorQParams] = {}
+    for tensor, entry in result.table.items():
+        source = read.get(tensor)
+        if source is None and entry.kind == "activation":
+            raise ValueError(f"{key}: the file has no entry for quantized tensor {tensor!r}")
+        if source is None:  # a format without weights (TensorRT's calibration cache): the deployment's
+            entries[tensor] = entry
+            continue
+        # Values from the file; the placement (who reads the quantized value) from the deployment.
+        entries[tensor] = source.with_changes(consumers=entry.consumers, quantizer=entry.quantizer, extra=entry.extra)
+    table = QParamTable(entries)
+    rebuilt, dequantized = insert_qdq(float_model, table)
+    values = _run_ort(rebuilt, feeds, list(dequantized.values()) + list(result.output_names))
+    return _compare(key, "onnxruntime (rebuilt)", values, table, dequantized, run, result.output_names)
+
+
+def _verify_qlinear(result: Any, feeds: Mapping[str, np.ndarray], run: _Run) -> ArtifactReport:
+    from mqbench.deploy.qlinear import exposed_tensors
+
+    model = onnx.load(result.artifacts["qlinear_onnx"])
+    integer = exposed_tensors(model, result.table)  # tensor -> (integer tensor name, scale, zero point)
+    names = [name for name, _, _ in integer.values()] + list(result.output_names)
+    model = onnx.ModelProto.FromString(model.SerializeToString())
+    present = {v.name for v in model.graph.output}
+    for name, _, _ in integer.values():
+        if name not in present:
+            model.graph.output.append(helper.make_empty_tensor_value_info(name))
+    session = ort_session(model)
+    wanted = [v.name for v in model.graph.output]
+    raw = dict(zip(wanted, session.run(wanted, dict(feeds)), strict=True))
+    values = {name: raw[name] for name in result.output_names if name in raw}
+    exposed = {}
+    for tensor, (name, scale, zero_point) in integer.items():
+        entry = result.table[tensor]
+        q = raw[name].astype(np.float64)
+        s = np.asarray(scale, np.float64)
+        z = np.asarray(zero_point, np.float64)
+        if entry.axis is not None and q.ndim:
+            shape = [1] * q.ndim
+            shape[entry.axis % q.ndim] = -1
+            s, z = s.reshape(shape), z.reshape(shape)
+        values[f"{tensor}::dequantized"] = ((q - z) * s).astype(np.float32)
+        exposed[tensor] = f"{tensor}::dequantized"
+    del names
+    return _compare(
+        "qlinear_onnx", "onnxruntime (integer ops)", values, result.table, exposed, run, result.output_names
+    )
+
+
+def _verify_openvino(result: Any, feeds: Mapping[str, np.ndarray], run: _Run) -> ArtifactReport:
+    from mqbench.deploy.writers.openvino import fake_quantize_outputs, run_openvino
+
+    path = result.artifacts["openvino_onnx"]
+    exposed = fake_quantize_outputs(onnx.load(path), result.table)  # tensor -> FakeQuantize output name
+    values = run_openvino(path, dict(feeds), list(result.output_names) + list(exposed.values()))
+    return _compare("openvino_onnx", "OpenVINO", values, result.table, exposed, run, result.output_names)
+
+
+def _verify_reference(result: Any, feeds: Mapping[str, np.ndarray], run: _Run) -> ArtifactReport:
+    from mqbench.deploy.reference import run_reference
+
+    model = onnx.load(result.artifacts["onnx"])
+    names = list(dict.fromkeys([*result.dequantized.values(), *result.output_names]))
+    values = run_reference(model, dict(feeds), names)
+    return _compare(
+        "reference", "integer reference", values, result.table, result.dequantized, run, result.output_names
+    )
+
+
+_RUNNERS: dict[str, Callable[[Any, Mapping[str, np.ndarray], _Run], ArtifactReport]] = {
+    "onnx": _verify_qdq,
+    "qlinear_onnx": _verify_qlinear,
+    "openvino_onnx": _verify_openvino,
+}
+
+
+def verify_deploy(
+    qmodel: nn.Module,
+    result: Any,
+    inputs: Tensor | Sequence[Tensor] | Mapping[str, Tensor],
+    artifacts: Sequence[str] | None = None,
+    reference: bool = False,
+) -> VerifyReport:
+    """Compare every runnable artifact of ``result`` (a DeployResult) with ``qmodel``'s simulation on ``inputs``.
+
+    ``artifacts`` limits the keys checked (default: every artifact with a runtime or a reader);
+    ``reference=True`` also runs the integer reference executor on the Q/DQ model.
+    """
+    from mqbench.deploy.writers import READERS
+
+    if isinstance(inputs, Tensor):
+        args: list[Tensor] = [inputs]
+    elif isinstance(inputs, Mapping):
+        args = [inputs[name] for name in result.input_names]
+    else:
+        args = list(inputs)
+    if len(args) != len(result.input_names):
+        raise ValueError(f"the deployment has inputs {result.input_names}; got {len(args)} input tensor(s)")
+    feeds = _feeds(result.input_names, args)
+    model = _simulation_copy(qmodel)
+    run = _Run(model, args, simulate(model, args))
+    keys = [k for k in result.artifacts if k in _RUNNERS or k in READERS] if artifacts is None else list(artifacts)
+    reports: dict[str, ArtifactReport] = {}
+    for key in keys:
+        if key not in result.artifacts:
+            raise ValueError(f"the deployment has no {key!r} artifact; it has {sorted(result.artifacts)}")
+        if key in _RUNNERS:
+            reports[key] = _RUNNERS[key](result, feeds, run)
+        elif key in READERS:
+            reports[key] = _verify_parameter_file(key, result, feeds, run)
+        else:
+            raise ValueError(f"no runtime or reader checks {key!r}")
+    if reference:
+        reports["reference"] = _verify_reference(result, feeds, run)
+    return VerifyReport(result.backend, reports)
