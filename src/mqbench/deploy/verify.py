@@ -24,7 +24,7 @@ Example:
     >>> enable_calibration(qmodel); _ = qmodel(torch.randn(2, 1, 8, 8)); enable_quantization(qmodel)
     >>> with tempfile.TemporaryDirectory() as folder:
     ...     result = convert_deploy(qmodel, "qdq", {"x": [1, 1, 8, 8]}, output_path=folder)
-    ...     report = verify_deploy(qmodel, result, torch.randn(3, 1, 8, 8))
+    ...     report = verify_deploy(qmodel, result, torch.randn(1, 1, 8, 8))
     >>> report.max_lsb_diff <= 1
     True
 """
@@ -76,7 +76,8 @@ class ArtifactReport:
     artifact: str
     runtime: str
     per_tensor: dict[str, TensorDiff] = field(default_factory=dict)
-    outputs: dict[str, TensorDiff] = field(default_factory=dict)
+    outputs: dict[str, TensorDiff] = field(default_factory=dict)  # end to end
+    local_outputs: dict[str, TensorDiff] = field(default_factory=dict)  # from the runtime's own quantized tensors
 
     @property
     def max_abs_diff(self) -> float:
@@ -234,7 +235,8 @@ def _diff(name: str, entry: TensorQParams | None, sim: np.ndarray, got: np.ndarr
                 shape = [1] * sim.ndim
                 shape[entry.axis % sim.ndim] = -1
                 scale = scale.reshape(shape)
-            lsb = float(np.max(delta / scale, initial=0.0))
+            # Both sides are float32 products (q - z) * s: a whole number of steps up to float32 rounding.
+            lsb = float(np.round(np.max(delta / scale, initial=0.0), 4))
     exact = float(np.mean(got == sim)) if sim.size else 1.0
     return TensorDiff(name, entry.quantizer if entry else "", int(sim.size), float(delta.max(initial=0.0)), lsb, exact)
 
@@ -281,6 +283,10 @@ def _compare(
         if name is None or name not in values or key not in sim.quantized:
             continue
         report.per_tensor[tensor] = _diff(tensor, entry, sim.quantized[key], values[name])
+    by_output = {out: entry for entry in table.values() for out in entry.extra.get("outputs", ())}
+    for index, name in enumerate(output_names):
+        if name in values and index < len(sim.outputs):
+            report.local_outputs[name] = _diff(name, by_output.get(name), sim.outputs[index], values[name])
     sim = run.free
     by_output = {out: entry for entry in table.values() for out in entry.extra.get("outputs", ())}
     for index, name in enumerate(output_names):
@@ -386,6 +392,21 @@ _RUNNERS: dict[str, Callable[[Any, Mapping[str, np.ndarray], _Run], ArtifactRepo
 }
 
 
+def _check_shapes(result: Any, feeds: Mapping[str, np.ndarray]) -> None:
+    model = onnx.load(result.artifacts["deploy_onnx"], load_external_data=False)
+    for value in model.graph.input:
+        if value.name not in feeds:
+            continue
+        dims = [d.dim_value if d.HasField("dim_value") else None for d in value.type.tensor_type.shape.dim]
+        got = list(feeds[value.name].shape)
+        if len(dims) != len(got) or any(d is not None and d != g for d, g in zip(dims, got, strict=False)):
+            shown = [d if d is not None else "dynamic" for d in dims]
+            raise ValueError(
+                f"the deployment takes input {value.name!r} of shape {shown}, got {got}; verify with that shape "
+                "or deploy with dynamic_axes"
+            )
+
+
 def verify_deploy(
     qmodel: nn.Module,
     result: Any,
@@ -409,6 +430,7 @@ def verify_deploy(
     if len(args) != len(result.input_names):
         raise ValueError(f"the deployment has inputs {result.input_names}; got {len(args)} input tensor(s)")
     feeds = _feeds(result.input_names, args)
+    _check_shapes(result, feeds)
     model = _simulation_copy(qmodel)
     run = _Run(model, args, simulate(model, args))
     keys = [k for k in result.artifacts if k in _RUNNERS or k in READERS] if artifacts is None else list(artifacts)

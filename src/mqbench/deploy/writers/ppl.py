@@ -1,0 +1,145 @@
+"""OpenPPL quantization parameters (``{model_name}_ppl.json``), for the PPL W8A16 and PPL CUDA backends.
+
+Layout::
+
+    {"activation": {tensor: {"step", "zero_point", "min", "max", "bit", "type": "per_tensor"}},
+     "weight": {weight: {"step": [...], "zero_point": [...], "min": [...], "max": [...], "bit",
+                         "type": "per_channel", "axis": 0}}}
+
+``step`` is the scale, ``min`` / ``max`` the float images ``(quant_min - zero_point) * step``
+and ``(quant_max - zero_point) * step`` of the integer range (float32 values), ``bit`` the
+width of the integer range; a per-channel entry has lists and its channel ``axis``.
+
+Reading back (:func:`read`) is exact: scale and zero point as written, and the integer range
+from ``round(min / step) + zero_point`` and ``round(max / step) + zero_point`` (rounding
+``min`` and ``max`` to float32 moves ``min / step`` by at most ``|level| * 2**-24``, under
+0.004 even for 16 bits), checked to agree across channels and to fit in ``bit`` bits. The log
+grid (NNIE) has no PPL form; writing it raises ValueError.
+
+Example:
+    >>> import numpy as np
+    >>> from mqbench.deploy.table import TensorQParams
+    >>> from mqbench.deploy.writers.ppl import ppl_entry
+    >>> ppl_entry(TensorQParams(np.array([0.5]), np.array([10]), 0, 255))
+    {'step': 0.5, 'zero_point': 10, 'min': -5.0, 'max': 122.5, 'bit': 8, 'type': 'per_tensor'}
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import onnx
+
+from mqbench.backends.spec import BackendSpec
+from mqbench.deploy.table import QParamTable, TensorQParams
+from mqbench.deploy.writers.common import (
+    ModelTensors,
+    as_values,
+    get_float,
+    get_int,
+    get_scalar_int,
+    get_section,
+    load_json,
+    make_entry,
+    write_json,
+)
+
+if TYPE_CHECKING:
+    from mqbench.convert_deploy import DeployContext
+
+__all__ = ["SUFFIX", "ppl_entry", "read", "write"]
+
+SUFFIX = "_ppl.json"
+
+
+def ppl_entry(entry: TensorQParams) -> dict[str, Any]:
+    """The PPL parameters of one entry (lists and ``axis`` per channel)."""
+    if entry.grid != "linear":
+        raise ValueError(f"PPL parameters describe linear grids, not the {entry.grid!r} grid")
+    per_channel = entry.per_channel
+    low, high = entry.float_range()
+    values: dict[str, Any] = {
+        "step": as_values(entry.scale, per_channel),
+        "zero_point": entry.zero_point.tolist() if per_channel else int(entry.zero_point[0]),
+        "min": as_values(np.asarray(low), per_channel),
+        "max": as_values(np.asarray(high), per_channel),
+        "bit": entry.bits,
+        "type": "per_channel" if per_channel else "per_tensor",
+    }
+    if per_channel:
+        values["axis"] = entry.axis
+    return values
+
+
+def write(context: DeployContext) -> Path:
+    """Write ``{model_name}_ppl.json`` (every table entry, by kind)."""
+    data: dict[str, dict[str, Any]] = {"activation": {}, "weight": {}}
+    for tensor, entry in context.table.items():
+        try:
+            data[entry.kind][tensor] = ppl_entry(entry)
+        except ValueError as error:
+            raise ValueError(f"tensor {tensor!r}: {error}") from None
+    return write_json(context.path(SUFFIX), data)
+
+
+def _integer_bound(
+    bound: np.ndarray, step: np.ndarray, zero_point: np.ndarray, name: str, tensor: str, path: Any
+) -> int:
+    levels = bound.astype(np.float64) / step.astype(np.float64)
+    nearest = np.rint(levels)
+    values = set((nearest + zero_point).astype(np.int64).tolist())
+    if np.any(np.abs(levels - nearest) > 0.1) or len(values) != 1:
+        raise ValueError(
+            f"{path}: {name!r} of tensor {tensor!r} is not one integer level of its step for every channel"
+        )
+    return values.pop()
+
+
+def _entry(tensor: str, values: Any, kind: str, model: ModelTensors, path: str | Path) -> TensorQParams:
+    if not isinstance(values, dict):
+        raise ValueError(f"{path}: the parameters of tensor {tensor!r} must be a JSON object")
+    kind_of_type = values.get("type", "per_tensor")
+    if kind_of_type not in ("per_tensor", "per_channel"):
+        raise ValueError(f"{path}: tensor {tensor!r} has type {kind_of_type!r}; valid: 'per_tensor', 'per_channel'")
+    per_channel = kind_of_type == "per_channel"
+    fields = {key: get_float(values, key, tensor, path) for key in ("step", "min", "max")}
+    zero_point = get_int(values, "zero_point", tensor, path)
+    if any(isinstance(v, list) != per_channel for v in (*fields.values(), zero_point)):
+        raise ValueError(
+            f"{path}: tensor {tensor!r} of type {kind_of_type!r} needs {'lists' if per_channel else 'numbers'}"
+        )
+    step = np.atleast_1d(np.asarray(fields["step"], np.float32))
+    zp = np.atleast_1d(np.asarray(zero_point, np.int64))
+    low = np.atleast_1d(np.asarray(fields["min"], np.float32))
+    high = np.atleast_1d(np.asarray(fields["max"], np.float32))
+    if not step.shape == zp.shape == low.shape == high.shape:
+        raise ValueError(f"{path}: the per-channel lists of tensor {tensor!r} differ in length")
+    if np.any(step <= 0):
+        raise ValueError(f"{path}: the steps of tensor {tensor!r} must be positive")
+    axis = None
+    if per_channel:
+        axis = get_scalar_int(values, "axis", tensor, path)
+        model.check_channels(tensor, axis, len(step), path)
+    quant_min = _integer_bound(low, step, zp, "min", tensor, path)
+    quant_max = _integer_bound(high, step, zp, "max", tensor, path)
+    bits = get_scalar_int(values, "bit", tensor, path)
+    if quant_max - quant_min + 1 > 2**bits:
+        raise ValueError(f"{path}: tensor {tensor!r} spans [{quant_min}, {quant_max}], more than {bits} bits hold")
+    return make_entry(
+        tensor, path, scale=step, zero_point=zp, quant_min=quant_min, quant_max=quant_max, axis=axis, kind=kind
+    )
+
+
+def read(path: str | Path, spec: BackendSpec, float_model: onnx.ModelProto) -> QParamTable:
+    """The quantization a PPL parameter file describes (exact)."""
+    data = load_json(path)
+    model = ModelTensors(float_model)
+    entries: dict[str, TensorQParams] = {}
+    for kind in ("activation", "weight"):
+        for tensor, values in get_section(data, kind, path).items():
+            if tensor in entries:
+                raise ValueError(f"{path}: tensor {tensor!r} is both an activation and a weight")
+            entries[tensor] = _entry(tensor, values, kind, model, path)
+    return QParamTable(entries)
