@@ -170,6 +170,9 @@ class BackendSpec:
     description: str = ""
     model_quantizer: type | None = None  # a ModelQuantizer subclass; None: the rule-driven default
     deploy: tuple[str, ...] = ()  # artifact keys its writers produce besides `onnx` and `deploy_onnx`
+    # LSBs a runtime may differ from the simulation on one tensor computed from the same inputs: a
+    # rounding tie decided the other way by another float summation order is 1.
+    lsb_tolerance: int = 1
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "deploy", tuple(self.deploy))

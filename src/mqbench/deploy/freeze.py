@@ -10,6 +10,7 @@ the backend re-quantizing that weight gets the same integers.
 from __future__ import annotations
 
 import copy
+import typing
 from collections.abc import Callable
 
 import torch
@@ -112,8 +113,10 @@ def merge_bn(model: nn.Module) -> nn.Module:
 def _freeze(name: str, quantizer: QuantizeBase, kind: str) -> FrozenQuantizer:
     qmin, qmax = quantizer.quant_min, quantizer.quant_max
     if quantizer.deploy_grid == "log":
-        data_max = quantizer.data_max  # type: ignore[attr-defined]
-        return FrozenQuantizer(name, quantizer.scale, quantizer.zero_point, qmin, qmax, None, kind, data_max)
+        scale, zero_point, data_max = (
+            typing.cast(Tensor, getattr(quantizer, a)) for a in ("scale", "zero_point", "data_max")
+        )
+        return FrozenQuantizer(name, scale, zero_point, qmin, qmax, None, kind, data_max)
     scale, zero_point = quantizer.export_qparams()
     return FrozenQuantizer(name, scale, zero_point, qmin, qmax, quantizer.axis, kind)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -43,9 +44,9 @@ def ort_session(model: onnx.ModelProto | str | Path, threads: int = 2):  # type:
     import onnxruntime as ort
 
     if isinstance(model, onnx.ModelProto):
-        model = onnx.ModelProto.FromString(model.SerializeToString())
-        model.ir_version = min(model.ir_version, ORT_MAX_IR_VERSION)
-        source: bytes | str = model.SerializeToString()
+        copy = onnx.ModelProto.FromString(model.SerializeToString())
+        copy.ir_version = min(copy.ir_version, ORT_MAX_IR_VERSION)
+        source: bytes | str = copy.SerializeToString()
     else:
         source = str(model)
     options = ort.SessionOptions()
@@ -171,6 +172,6 @@ def topological_sort(graph: onnx.GraphProto) -> None:
 
 
 def make_node(
-    op_type: str, inputs: Iterable[str], outputs: Iterable[str], name: str, **attrs: object
+    op_type: str, inputs: Iterable[str], outputs: Iterable[str], name: str, **attrs: Any
 ) -> onnx.NodeProto:
     return helper.make_node(op_type, list(inputs), list(outputs), name=name, **attrs)

@@ -23,6 +23,8 @@ Example:
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import onnx
 from onnx import helper
@@ -59,7 +61,7 @@ class _Builder:
         self.graph.initializer.append(constant(name, value))
         return name
 
-    def node(self, op: str, inputs: list[str], base: str, **attrs: object) -> str:
+    def node(self, op: str, inputs: list[str], base: str, **attrs: Any) -> str:
         output = self.name(base)
         self.nodes.append(helper.make_node(op, inputs, [output], name=self.name(f"{base}_{op}"), **attrs))
         return output

@@ -79,7 +79,8 @@ def export_marked(
     wrapper = _Marked(model)
 
     def tap(quantizer: FrozenQuantizer, x: Tensor, y: Tensor) -> None:
-        wrapper.calls.append((quantizer, x, y))
+        # Clones: an in-place op after the quantizer (Hardswish(inplace=True)) must not change the marks.
+        wrapper.calls.append((quantizer, x.clone(), y.clone()))
 
     for quantizer in frozen:
         quantizer.tap = tap
