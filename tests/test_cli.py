@@ -31,28 +31,55 @@ def test_demo_rejects_bad_arguments(capsys):
 
 
 @pytest.mark.slow
-def test_demo_quantizes_for_every_backend(capsys):
+def test_demo_deploys_and_verifies_every_backend():
     from mqbench.backends import ParamsTable
+    from mqbench.demo import run_demo
 
-    assert main(["demo", "--epochs", "15", "--qat-epochs", "4"]) == 0
-    table = capsys.readouterr().out
-    accuracy = {}
-    for line in table.splitlines():
-        name = line[:24].strip()
-        if "%" in line:
-            accuracy[name] = float(line.split("%")[0].split()[-1]) / 100
-    assert accuracy["float"] > 0.93
-    for backend in ParamsTable:
+    printed: list[str] = []
+    rows = {row.name: row for row in run_demo(epochs=15, qat_epochs=4, log=printed.append)}
+    assert "deployed" in printed[0] and "academic W4A4 (QAT)" in printed[0]
+    assert rows["float"].accuracy > 0.93
+    for backend, spec in ParamsTable.items():
+        row = rows[f"{backend} (PTQ)"]
         # 8-bit post-training quantization of a small CNN loses at most a couple of test images in a hundred
-        assert abs(accuracy[f"{backend} (PTQ)"] - accuracy["float"]) <= 0.02, backend
-    assert accuracy["academic W4A4 (QAT)"] > 0.9
+        assert abs(row.accuracy - rows["float"].accuracy) <= 0.02, backend
+        # The deployed model computes what the simulation computes: the same answers on all but a few
+        # of the 450 test images (a logit tie flipped by a 1-LSB rounding difference).
+        assert abs(row.deployed_accuracy - row.accuracy) <= 3 / 450, backend
+        assert row.max_lsb is not None and row.max_lsb <= spec.lsb_tolerance, backend
+        assert row.verified >= 1 + len(spec.deploy), backend  # the Q/DQ model and every other artifact
+    qat = rows["academic W4A4 (QAT)"]
+    assert qat.accuracy > 0.9
+    assert abs(qat.deployed_accuracy - qat.accuracy) <= 3 / 450
 
 
-def test_backends_command_lists_every_backend(capsys):
-    from mqbench.backends import ParamsTable
-
-    assert main(["backends"]) == 0
+def test_verify_command_checks_artifacts_and_rejects_bad_arguments(capsys, tmp_path):
+    assert main(["verify", "--backend", "snpe", "--output-dir", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    for name, spec in ParamsTable.items():
-        assert f"{name}: {spec.description}" in out
-    assert "inputs of add, concat, conv" in out and "[-127, 127]" in out
+    assert "== snpe: ok" in out and "encodings" in out and "onnxruntime (rebuilt)" in out
+    assert (tmp_path / "snpe" / "digits_encodings.json").is_file()
+    with pytest.raises(SystemExit) as exit_info:
+        main(["verify", "--backend", "nonexistent"])
+    assert exit_info.value.code == 2
+    assert "unknown backend" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["verify", "--backend", "snpe", "--state-dict", str(tmp_path / "missing.pt")])
+    assert "is not a file" in capsys.readouterr().err
+
+
+def test_verify_command_loads_a_prepared_models_state_dict(capsys, tmp_path):
+    import torch
+
+    from mqbench.models import DigitsCNN
+    from mqbench.prepare_by_platform import prepare_by_platform
+    from mqbench.utils.state import enable_calibration, enable_quantization
+
+    qmodel = prepare_by_platform(DigitsCNN().eval(), "tengine_u8")
+    enable_calibration(qmodel)
+    qmodel(torch.randn(8, 1, 8, 8))
+    enable_quantization(qmodel)
+    path = tmp_path / "qmodel.pt"
+    torch.save(qmodel.state_dict(), path)
+    assert main(["verify", "--backend", "tengine_u8", "--state-dict", str(path), "--tensors"]) == 0
+    out = capsys.readouterr().out
+    assert "tengine_scale" in out and "x_post_act_fake_quantizer" not in out  # rows name tensors

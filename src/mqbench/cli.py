@@ -28,6 +28,26 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--epochs", type=int, default=30, help="float training epochs (default: 30)")
     demo.add_argument("--qat-epochs", type=int, default=10, help="quantization-aware fine-tune epochs (default: 10)")
     demo.add_argument("--seed", type=int, default=0)
+    verify = commands.add_parser(
+        "verify",
+        help="deploy a model for backends and check every artifact against the simulation on a runtime",
+        description=(
+            "Prepare a model for each backend, calibrate it on scikit-learn's digits (or load a prepared "
+            "model's state dict), deploy it and compare every artifact with the simulation on onnxruntime, "
+            "OpenVINO or the integer reference. Exits with 1 if a tensor differs by more than the backend's "
+            "tolerance (1 LSB; 2 for NNIE and Vitis)."
+        ),
+    )
+    verify.add_argument("--backend", nargs="+", default=None, help="backend names (default: every registered one)")
+    verify.add_argument(
+        "--model", default="digits", help="digits (the demo's DigitsCNN) or a model of mqbench.models.zoo"
+    )
+    verify.add_argument(
+        "--state-dict", default=None, help="state dict of the prepared, calibrated model (torch.load, weights only)"
+    )
+    verify.add_argument("--output-dir", default=None, help="where to write the artifacts (default: a temporary folder)")
+    verify.add_argument("--reference", action="store_true", help="also run the integer reference executor")
+    verify.add_argument("--tensors", action="store_true", help="print every tensor's comparison")
     return parser
 
 
@@ -62,6 +82,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                 parser.error(f"--{name.replace('_', '-')} must be at least 1")
         run_demo(epochs=args.epochs, qat_epochs=args.qat_epochs, seed=args.seed)
         return 0
+    if args.command == "verify":
+        from mqbench.deploy.check import run_verify_command
+
+        try:
+            return run_verify_command(
+                args.backend, args.model, args.state_dict, args.output_dir, args.reference, args.tensors
+            )
+        except (ValueError, FileNotFoundError) as error:
+            parser.error(str(error))
     parser.print_help()
     return 0
 

@@ -145,7 +145,10 @@ class VerifyReport:
 
     @property
     def first_divergence(self) -> str | None:
-        return self.per_tensor and self.artifacts.get("onnx", next(iter(self.artifacts.values()))).first_divergence
+        """The Q/DQ model's first quantized tensor (graph order) that is not bit-exact."""
+        if not self.artifacts:
+            return None
+        return (self.artifacts.get("onnx") or next(iter(self.artifacts.values()))).first_divergence
 
     def summary(self) -> str:
         lines = [f"{'artifact':<16} {'runtime':<22} {'max |diff|':>11} {'max LSB':>8} {'exact out':>9} {'exact q':>8}"]
@@ -196,7 +199,8 @@ def simulate(model: nn.Module, inputs: Sequence[Tensor], forced: Forced | None =
                 calls[name] += 1
                 records[key] = output.detach().float().numpy().copy()
                 if forced is not None and key in forced and forced[key].size == output.numel():
-                    return torch.from_numpy(np.ascontiguousarray(forced[key])).reshape(output.shape).to(output.dtype)
+                    # A copy: an in-place op after the quantizer must not write into the runtime's values.
+                    return torch.tensor(forced[key], dtype=output.dtype).reshape(output.shape)
                 return None
 
             handles.append(module.register_forward_hook(hook))
@@ -211,7 +215,7 @@ def simulate(model: nn.Module, inputs: Sequence[Tensor], forced: Forced | None =
 
 # -- comparisons ----------------------------------------------------------------------------------
 def _log_index(values: np.ndarray, entry: TensorQParams) -> np.ndarray:
-    z = round(16 * math.log2(max(entry.data_max or 0.0, np.finfo(np.float32).tiny))) - 127
+    z = round(16 * math.log2(max(float(entry.data_max or 0.0), float(np.finfo(np.float32).tiny)))) - 127
     magnitude = np.abs(values.astype(np.float64))
     with np.errstate(divide="ignore"):
         k = np.where(magnitude > 0, np.round(16 * np.log2(np.maximum(magnitude, 1e-300))) - z + 1, 0)
@@ -236,7 +240,7 @@ def _diff(name: str, entry: TensorQParams | None, sim: np.ndarray, got: np.ndarr
                 shape[entry.axis % sim.ndim] = -1
                 scale = scale.reshape(shape)
             # Both sides are float32 products (q - z) * s: a whole number of steps up to float32 rounding.
-            lsb = float(np.round(np.max(delta / scale, initial=0.0), 4))
+            lsb = float(np.round(np.max(delta / scale, initial=0.0), 2))
     exact = float(np.mean(got == sim)) if sim.size else 1.0
     return TensorDiff(name, entry.quantizer if entry else "", int(sim.size), float(delta.max(initial=0.0)), lsb, exact)
 

@@ -1,0 +1,155 @@
+"""Deploy-and-verify in one call, shared by ``mqbench verify`` and ``mqbench demo``.
+
+Example:
+    >>> from mqbench.deploy.check import lsb_tolerance
+    >>> lsb_tolerance("tensorrt"), lsb_tolerance("nnie")
+    (1, 2)
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import torch
+from torch import Tensor, nn
+
+from mqbench.backends import resolve_backend
+from mqbench.convert_deploy import DeployResult, convert_deploy
+from mqbench.deploy.onnx_graph import ort_session
+from mqbench.deploy.verify import VerifyReport, verify_deploy
+
+__all__ = ["DeployCheck", "accuracy", "deploy_and_verify", "deployed_runner", "lsb_tolerance", "run_verify_command"]
+
+
+def lsb_tolerance(backend: Any) -> int:
+    """The per-tensor LSB difference a backend's runtimes may show (``BackendSpec.lsb_tolerance``)."""
+    return resolve_backend(backend).lsb_tolerance
+
+
+@dataclass
+class DeployCheck:
+    backend: str
+    result: DeployResult
+    report: VerifyReport
+    tolerance: int
+
+    @property
+    def passed(self) -> bool:
+        return self.report.max_lsb_diff <= self.tolerance
+
+
+def deploy_and_verify(
+    qmodel: nn.Module,
+    backend: Any,
+    inputs: Tensor,
+    output_path: str | Path | None = None,
+    model_name: str = "mqbench_qmodel",
+    reference: bool = False,
+) -> DeployCheck:
+    """Deploy ``qmodel`` with a dynamic batch axis, then verify every artifact on ``inputs``."""
+    spec = resolve_backend(backend)
+    folder = Path(output_path) if output_path is not None else Path(tempfile.mkdtemp(prefix="mqbench-"))
+    result = convert_deploy(
+        qmodel,
+        spec,
+        {"x": [1, *inputs.shape[1:]]},
+        output_path=folder,
+        model_name=model_name,
+        dynamic_axes={"x": {0: "batch"}},
+    )
+    report = verify_deploy(qmodel, result, inputs, reference=reference)
+    return DeployCheck(spec.name, result, report, lsb_tolerance(spec))
+
+
+def deployed_runner(result: DeployResult) -> tuple[str, Callable[[np.ndarray], np.ndarray]]:
+    """The backend's own deployed model as a function of the input: (artifact key, run)."""
+    if "openvino_onnx" in result.artifacts:
+        from mqbench.deploy.writers.openvino import run_openvino
+
+        path = result.artifacts["openvino_onnx"]
+        output = result.output_names[0]
+        return "openvino_onnx", lambda x: run_openvino(path, {result.input_names[0]: x}, [output])[output]
+    key = "qlinear_onnx" if "qlinear_onnx" in result.artifacts else "onnx"
+    session = ort_session(onnx.load(result.artifacts[key]))
+    return key, lambda x: session.run(None, {result.input_names[0]: x})[0]
+
+
+def accuracy(run: Callable[[np.ndarray], np.ndarray], images: Tensor, labels: Tensor, batch: int = 256) -> float:
+    correct = 0
+    for start in range(0, len(images), batch):
+        logits = run(images[start : start + batch].numpy())
+        correct += int((torch.from_numpy(np.asarray(logits)).argmax(1) == labels[start : start + batch]).sum())
+    return correct / len(labels)
+
+
+def _command_model(name: str) -> tuple[nn.Module, Tensor, Tensor]:
+    """(float model, calibration images, verification images) for ``mqbench verify --model``."""
+    from mqbench.models.zoo import VISION_MODELS, zoo_model
+
+    if name == "digits":
+        from mqbench.data import load_digits_split
+        from mqbench.demo import train
+        from mqbench.models import DigitsCNN
+
+        torch.manual_seed(0)
+        train_split, test_split = load_digits_split()
+        model = train(DigitsCNN(), train_split, epochs=5, lr=3e-3)
+        return model, train_split.images[:256], test_split.images[:32]
+    if name not in VISION_MODELS:
+        raise ValueError(f"unknown --model {name!r}; choose digits or one of {', '.join(sorted(VISION_MODELS))}")
+    zoo = zoo_model(name)
+    return zoo.model, zoo.calibration, zoo.evaluation[:8]
+
+
+def run_verify_command(
+    backends: list[str] | None,
+    model_name: str,
+    state_dict: str | None,
+    output_dir: str | None,
+    reference: bool,
+    tensors: bool,
+    log: Callable[[str], None] = print,
+) -> int:
+    """``mqbench verify``: returns the exit status (0: every artifact within tolerance)."""
+    from mqbench.backends import ParamsTable
+    from mqbench.demo import academic_config
+    from mqbench.prepare_by_platform import prepare_by_platform
+    from mqbench.utils.state import enable_calibration, enable_quantization
+
+    names = backends or list(ParamsTable)
+    specs = [resolve_backend(name) for name in names]
+    if state_dict is not None and len(specs) != 1:
+        raise ValueError("--state-dict belongs to one prepared model: give exactly one --backend")
+    if state_dict is not None and not Path(state_dict).is_file():
+        raise FileNotFoundError(f"--state-dict {state_dict!r} is not a file")
+    model, calibration, images = _command_model(model_name)
+    failed = 0
+    for spec in specs:
+        config = academic_config(8) if spec.weight is None else None
+        qmodel = prepare_by_platform(model, spec, config)
+        if state_dict is not None:
+            qmodel.load_state_dict(torch.load(state_dict, weights_only=True))
+            enable_quantization(qmodel)
+        else:
+            enable_calibration(qmodel)
+            with torch.no_grad():
+                qmodel(calibration)
+            enable_quantization(qmodel)
+        folder = None if output_dir is None else Path(output_dir) / spec.name
+        check = deploy_and_verify(qmodel, spec, images, folder, model_name, reference)
+        status = "ok" if check.passed else f"FAILED (tolerance {check.tolerance} LSB)"
+        log(f"== {spec.name}: {status}; artifacts in {Path(check.result.artifacts['onnx']).parent}")
+        log(check.report.summary())
+        for key, art in check.report.artifacts.items():
+            if art.first_divergence:
+                log(f"   {key}: first tensor that is not bit-exact: {art.first_divergence}")
+            if tensors:
+                log("\n".join("   " + diff.row() for diff in art.per_tensor.values()))
+        failed += not check.passed
+    return 1 if failed else 0
