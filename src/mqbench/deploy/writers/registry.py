@@ -24,8 +24,9 @@ from typing import TYPE_CHECKING
 import onnx
 
 from mqbench.backends.spec import BackendSpec
+from mqbench.deploy import qlinear
 from mqbench.deploy.table import QParamTable
-from mqbench.deploy.writers import calib_cache, clip_ranges, nnie, ppl, snpe, stpu, tengine, vitis
+from mqbench.deploy.writers import calib_cache, clip_ranges, nnie, openvino, ppl, snpe, stpu, tengine, vitis
 
 if TYPE_CHECKING:
     from mqbench.convert_deploy import DeployContext
@@ -44,6 +45,8 @@ _writers: dict[str, Writer] = {
     "vitis_json": vitis.write,  # Vitis
     "tengine_scale": tengine.write,  # Tengine uint8
     "stpu_json": stpu.write,  # STPU
+    "qlinear_onnx": qlinear.write,  # ONNX QNN, or any backend with deploy_to_qlinear=True
+    "openvino_onnx": openvino.write,  # OpenVINO
 }
 _readers: dict[str, Reader] = {
     "clip_ranges": clip_ranges.read,

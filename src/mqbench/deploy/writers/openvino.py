@@ -1,0 +1,213 @@
+"""The ``openvino_onnx`` artifact: the float model with OpenVINO FakeQuantize ops, and a runner for it.
+
+Every table entry becomes one ``FakeQuantize`` (domain ``org.openvinotoolkit``, which
+OpenVINO's ONNX front end reads) at the place where the standard Q/DQ model has its
+DequantizeLinear: only the entry's ``consumers`` read the quantized value, and a quantized
+network output keeps its name. Inputs are ``X, input_low, input_high, output_low,
+output_high`` with ``levels = quant_max - quant_min + 1`` and low/high the entry's
+:meth:`~mqbench.deploy.table.TensorQParams.float_range` (shaped to broadcast along the axis
+for per-channel weights). OpenVINO computes::
+
+    round((x - input_low) / (input_high - input_low) * (levels - 1)) / (levels - 1)
+        * (output_high - output_low) + output_low
+
+(clipped to the range), rounding half to even like QuantizeLinear. Only exact ties can round
+differently from the Q/DQ model: FakeQuantize rounds ``x / scale - (quant_min - zero_point)``,
+so the parity of the tie flips when ``quant_min - zero_point`` is odd (e.g. ``[-127, 127]``).
+
+Example:
+    >>> import numpy as np
+    >>> from onnx import TensorProto, helper
+    >>> from mqbench.deploy.table import QParamTable, TensorQParams
+    >>> graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"], name="relu")], "g",
+    ...     [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
+    ...     [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])])
+    >>> model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    >>> table = QParamTable({"x": TensorQParams(np.array([0.5]), np.array([0]), -128, 127)})
+    >>> fq_model, quantized = to_openvino(model, table)
+    >>> [(node.op_type, helper.get_attribute_value(node.attribute[0])) for node in fq_model.graph.node[:1]]
+    [('FakeQuantize', 256)]
+    >>> quantized["x"]
+    'x_fq'
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from mqbench.deploy.onnx_graph import (
+    all_names,
+    constant,
+    consumers_of,
+    initializer_map,
+    save_model,
+    topological_sort,
+    unique_name,
+)
+from mqbench.deploy.table import QParamTable, TensorQParams
+
+if TYPE_CHECKING:
+    from mqbench.convert_deploy import DeployContext
+
+__all__ = ["FAKE_QUANTIZE_DOMAIN", "fake_quantize_outputs", "run_openvino", "to_openvino", "write"]
+
+FAKE_QUANTIZE_DOMAIN = "org.openvinotoolkit"
+
+
+def _ranks(model: onnx.ModelProto) -> dict[str, int]:
+    """Tensor -> rank where known (inputs, initializers, inferred shapes)."""
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model).graph
+    except Exception:  # shape inference is a convenience here; the declared shapes remain
+        inferred = model.graph
+    ranks = {
+        v.name: len(v.type.tensor_type.shape.dim) for v in inferred.value_info if v.type.tensor_type.HasField("shape")
+    }
+    ranks.update({v.name: len(v.type.tensor_type.shape.dim) for v in model.graph.input})
+    ranks.update({i.name: len(i.dims) for i in model.graph.initializer})
+    return ranks
+
+
+def _limits(tensor: str, entry: TensorQParams, rank: int | None) -> tuple[np.ndarray, np.ndarray]:
+    low, high = entry.float_range()
+    if entry.axis is None:
+        return np.array(low, np.float32), np.array(high, np.float32)
+    if rank is None:
+        raise ValueError(f"per-channel quantization of {tensor!r} needs its rank; run shape inference first")
+    shape = [1] * rank
+    shape[entry.axis % rank] = -1
+    return np.asarray(low, np.float32).reshape(shape), np.asarray(high, np.float32).reshape(shape)
+
+
+def to_openvino(
+    model: onnx.ModelProto, table: QParamTable, use_consumers: bool = True
+) -> tuple[onnx.ModelProto, dict[str, str]]:
+    """A copy of the float ``model`` with every table entry as a FakeQuantize; also tensor -> its quantized name.
+
+    ``use_consumers`` works as in :func:`~mqbench.deploy.qdq.insert_qdq`: an entry's consumers
+    alone read the quantized value (all readers when it has none or when this is False).
+    """
+    model = onnx.ModelProto.FromString(model.SerializeToString())
+    graph = model.graph
+    ranks = _ranks(model)
+    taken = all_names(graph)
+    users = consumers_of(graph)
+    known = {v.name for v in graph.input} | set(initializer_map(graph)) | {o for n in graph.node for o in n.output}
+    output_names = {v.name for v in graph.output}
+    added: list[onnx.NodeProto] = []
+    quantized: dict[str, str] = {}
+    for tensor, entry in table.items():
+        if tensor not in known:
+            raise ValueError(f"the parameter table names tensor {tensor!r}, which the model does not have")
+        if entry.grid != "linear":
+            raise ValueError(f"FakeQuantize holds linear grids only; {tensor!r} is on the {entry.grid!r} grid")
+        source = tensor
+        if tensor in output_names:  # the float value moves to a new name, the output keeps the quantized one
+            source = unique_name(f"{tensor}_float", taken)
+            for node in graph.node:
+                node.output[:] = [source if name == tensor else name for name in node.output]
+                node.input[:] = [source if name == tensor else name for name in node.input]
+            users[source] = users.pop(tensor, [])
+        low, high = _limits(tensor, entry, ranks.get(tensor))
+        names = []
+        for tag, value in (("low", low), ("high", high)):
+            name = unique_name(f"{tensor}_fq_{tag}", taken)
+            graph.initializer.append(constant(name, value))
+            names.append(name)
+        result = unique_name(f"{tensor}_fq", taken)
+        added.append(
+            helper.make_node(
+                "FakeQuantize",
+                [source, names[0], names[1], names[0], names[1]],
+                [result],
+                name=unique_name(f"{tensor}_FakeQuantize", taken),
+                domain=FAKE_QUANTIZE_DOMAIN,
+                levels=entry.quant_max - entry.quant_min + 1,
+            )
+        )
+        wanted = set(entry.consumers) if use_consumers and entry.consumers is not None else None
+        for node in users.get(source, []):
+            if wanted is None or node.name in wanted:
+                node.input[:] = [result if name == source else name for name in node.input]
+        if tensor in output_names:
+            added.append(helper.make_node("Identity", [result], [tensor], name=unique_name(f"{tensor}_output", taken)))
+            result = tensor
+        quantized[tensor] = result
+    graph.node.extend(added)
+    topological_sort(graph)
+    if all(o.domain != FAKE_QUANTIZE_DOMAIN for o in model.opset_import):
+        model.opset_import.append(helper.make_opsetid(FAKE_QUANTIZE_DOMAIN, 1))
+    return model, quantized
+
+
+def fake_quantize_outputs(model: onnx.ModelProto, table: QParamTable) -> dict[str, str]:
+    """Tensor -> the name of its quantized value in a model :func:`to_openvino` wrote (for ``table``'s tensors)."""
+    found: dict[str, str] = {}
+    fake = {n.output[0] for n in model.graph.node if n.op_type == "FakeQuantize" and n.domain == FAKE_QUANTIZE_DOMAIN}
+    for node in model.graph.node:
+        if node.output[0] in fake and node.input[0] in table:
+            found.setdefault(node.input[0], node.output[0])
+        elif node.op_type == "Identity" and node.input[0] in fake and node.output[0] in table:
+            found[node.output[0]] = node.output[0]  # a quantized network output keeps its name
+    return found
+
+
+def write(context: DeployContext) -> Path:
+    """The ``openvino_onnx`` artifact: ``<model_name>_openvino.onnx``."""
+    model, _ = to_openvino(context.float_model, context.table)
+    path = context.path("_openvino.onnx")
+    save_model(model, path)
+    return path
+
+
+def run_openvino(
+    path: str | Path,
+    inputs: Mapping[str, np.ndarray],
+    outputs: Sequence[str] | None = None,
+    threads: int = 2,
+    precision: str | None = "f32",
+) -> dict[str, np.ndarray]:
+    """Run an ONNX model with OpenVINO's CPU plugin; ``outputs`` may name intermediate tensors too.
+
+    Requested tensors that are not graph outputs become outputs of an in-memory copy first.
+    ``precision`` sets ``INFERENCE_PRECISION_HINT`` ("f32" by default: on CPUs with bf16 support
+    the plugin's default is bf16, far from the Q/DQ arithmetic); None leaves the plugin's choice.
+    """
+    import openvino as ov
+
+    model = onnx.load(str(path))
+    declared = [v.name for v in model.graph.output]
+    names = list(outputs) if outputs is not None else declared
+    produced = {o for n in model.graph.node for o in n.output} | {v.name for v in model.graph.input}
+    unknown = [name for name in names if name not in produced and name not in declared]
+    if unknown:
+        raise ValueError(f"the model has no tensors named {unknown[:5]}")
+    for name in names:
+        if name not in declared:
+            model.graph.output.append(helper.make_empty_tensor_value_info(name))
+            declared.append(name)
+    core = ov.Core()
+    with tempfile.TemporaryDirectory() as folder:
+        copy = Path(folder) / "model.onnx"
+        onnx.save(model, str(copy))
+        ov_model = core.read_model(str(copy))
+    config: dict[str, object] = {"INFERENCE_NUM_THREADS": int(threads)}
+    if precision is not None:
+        config["INFERENCE_PRECISION_HINT"] = precision
+    compiled = core.compile_model(ov_model, "CPU", config)
+    results = compiled({name: np.ascontiguousarray(value) for name, value in inputs.items()})
+    by_name: dict[str, np.ndarray] = {}
+    for port, value in results.items():
+        for name in port.get_names():
+            by_name[name] = np.asarray(value)
+    missing = [name for name in names if name not in by_name]
+    if missing:
+        raise ValueError(f"OpenVINO returned no tensors named {missing[:5]}")
+    return {name: by_name[name] for name in names}

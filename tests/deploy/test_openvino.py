@@ -1,0 +1,272 @@
+"""The OpenVINO FakeQuantize model: its semantics, its placement, and OpenVINO against the Q/DQ model on onnxruntime."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from onnx import TensorProto, helper, numpy_helper
+
+from mqbench.backends import resolve_backend
+from mqbench.convert_deploy import DeployContext, convert_merge_bn, convert_onnx
+from mqbench.deploy.onnx_graph import ort_session
+from mqbench.deploy.qdq import insert_qdq
+from mqbench.deploy.table import QParamTable, TensorQParams
+from mqbench.deploy.writers.openvino import (
+    FAKE_QUANTIZE_DOMAIN,
+    fake_quantize_outputs,
+    run_openvino,
+    to_openvino,
+    write,
+)
+from mqbench.models import DigitsCNN, resnet18
+from mqbench.prepare_by_platform import prepare_by_platform
+from mqbench.utils.state import enable_calibration, enable_quantization
+
+RNG = np.random.default_rng(0)
+
+
+@pytest.fixture(autouse=True)
+def _same_data_whatever_runs_first():
+    RNG.bit_generator.state = np.random.default_rng(0).bit_generator.state
+
+
+def act(scale: float, zero_point: int, low: int, high: int, consumers=None) -> TensorQParams:
+    return TensorQParams(np.array([scale]), np.array([zero_point]), low, high, consumers=consumers)
+
+
+def model_of(nodes: list, inputs: dict, outputs: list[str], inits: dict) -> onnx.ModelProto:
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, list(v.shape)) for n, v in inputs.items()],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in outputs],
+        [numpy_helper.from_array(np.asarray(v, np.float32), n) for n, v in inits.items()],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def run_ort(model: onnx.ModelProto, feeds: dict, names: list[str]) -> dict[str, np.ndarray]:
+    model = onnx.ModelProto.FromString(model.SerializeToString())
+    declared = {v.name for v in model.graph.output}
+    model.graph.output.extend(helper.make_empty_tensor_value_info(n) for n in names if n not in declared)
+    return dict(zip(names, ort_session(model).run(names, feeds), strict=True))
+
+
+def save(model: onnx.ModelProto, path) -> str:
+    onnx.save(model, str(path))  # (no checker: these test graphs leave output shapes open)
+    return str(path)
+
+
+def lsb_diff(a: np.ndarray, b: np.ndarray, entry: TensorQParams) -> np.ndarray:
+    return np.rint(np.abs(a.astype(np.float64) - b) / float(entry.scale[0])).astype(np.int64)
+
+
+# -- FakeQuantize semantics ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("low", "high"), [(0, 255), (-128, 127), (-127, 127), (0, 15)])
+def test_fake_quantize_rounds_half_to_even_from_input_low(tmp_path, low, high):
+    """round((x - il) / (ih - il) * (levels - 1)) with ties to even: the Q/DQ value except at odd-offset ties."""
+    scale = 0.25  # a power of two: every tie below is exact in float32 on both runtimes
+    x = (np.arange(-600, 600) * 0.125).astype(np.float32)  # steps of scale / 2: every other value is a tie
+    model = model_of([helper.make_node("Identity", ["x"], ["y"], name="id")], {"x": x}, ["y"], {})
+    entry = act(scale, 0, low, high)
+    table = QParamTable({"x": entry})
+    fq_model, quantized = to_openvino(model, table)
+    path = save(fq_model, tmp_path / "fq.onnx")
+    got = run_openvino(path, {"x": x}, [quantized["x"]])[quantized["x"]]
+    steps = np.clip(np.rint((x - low * scale) / scale), 0, high - low)  # half to even from input_low
+    np.testing.assert_array_equal(got, ((steps + low) * scale).astype(np.float32))
+    qdq, dequantized = insert_qdq(model, table)
+    reference = run_ort(qdq, {"x": x}, [dequantized["x"]])[dequantized["x"]]
+    diff = lsb_diff(got, reference, entry)
+    ties = np.abs(x / scale - np.round(x / scale)) == 0.5
+    assert diff.max() <= 1 and not diff[~ties].any()
+    assert diff.any() == (low % 2 == 1)  # the parity of a tie flips with an odd quant_min - zero_point
+
+
+# -- placement -----------------------------------------------------------------------------------------
+
+
+def test_placement_follows_consumers_per_channel_limits_and_output_names():
+    x, w = RNG.standard_normal((1, 2, 4, 4)), RNG.standard_normal((3, 2, 1, 1))
+    nodes = [
+        helper.make_node("Relu", ["x"], ["r"], name="relu"),
+        helper.make_node("Conv", ["r", "w"], ["c"], name="conv"),
+        helper.make_node("ReduceMean", ["r"], ["m"], name="mean", axes=[1], keepdims=1),
+        helper.make_node("Add", ["c", "m"], ["y"], name="add"),
+    ]
+    model = model_of(nodes, {"x": x}, ["y"], {"w": w})
+    weight = TensorQParams(np.array([0.01, 0.02, 0.03]), np.zeros(3), -128, 127, axis=0, kind="weight")
+    table = QParamTable({"r": act(0.02, 0, 0, 255, consumers=("conv",)), "w": weight, "y": act(0.05, 0, -128, 127)})
+    fq_model, quantized = to_openvino(model, table)
+    by_name = {n.name: n for n in fq_model.graph.node}
+    assert by_name["conv"].input[:] == [quantized["r"], quantized["w"]]
+    assert by_name["mean"].input[0] == "r"  # not a consumer: reads the float value
+    assert quantized["y"] == "y" and by_name["add"].output[0] != "y"  # the output keeps its name, quantized
+    fakes = [n for n in fq_model.graph.node if n.op_type == "FakeQuantize"]
+    assert {n.domain for n in fakes} == {FAKE_QUANTIZE_DOMAIN} and len(fakes) == 3
+    assert FAKE_QUANTIZE_DOMAIN in {o.domain for o in fq_model.opset_import}
+    inits = {i.name: numpy_helper.to_array(i) for i in fq_model.graph.initializer}
+    weight_fq = next(n for n in fakes if n.input[0] == "w")
+    assert helper.get_attribute_value(weight_fq.attribute[0]) == 256
+    low, high = inits[weight_fq.input[1]], inits[weight_fq.input[2]]
+    assert low.shape == high.shape == (3, 1, 1, 1)
+    np.testing.assert_allclose(low.reshape(-1), [-1.28, -2.56, -3.84], rtol=1e-6)
+    assert weight_fq.input[3] == weight_fq.input[1] and weight_fq.input[4] == weight_fq.input[2]
+    assert fake_quantize_outputs(fq_model, table) == quantized
+
+
+def test_unsupported_entries_are_rejected():
+    model = model_of([helper.make_node("Relu", ["x"], ["y"], name="relu")], {"x": np.zeros(4)}, ["y"], {})
+    log = TensorQParams(np.array([0.1]), np.array([0]), -127, 127, grid="log", data_max=4.0)
+    with pytest.raises(ValueError, match="linear grids"):
+        to_openvino(model, QParamTable({"x": log}))
+    with pytest.raises(ValueError, match="does not have"):
+        to_openvino(model, QParamTable({"nope": act(0.1, 0, 0, 255)}))
+
+
+def test_run_openvino_exposes_intermediate_tensors(tmp_path):
+    x = RNG.standard_normal((2, 3)).astype(np.float32)
+    nodes = [helper.make_node("Relu", ["x"], ["r"], name="relu"), helper.make_node("Neg", ["r"], ["y"], name="neg")]
+    path = save(model_of(nodes, {"x": x}, ["y"], {}), tmp_path / "m.onnx")
+    out = run_openvino(path, {"x": x}, ["r", "y"], threads=1, precision=None)
+    np.testing.assert_array_equal(out["r"], np.maximum(x, 0))
+    np.testing.assert_array_equal(out["y"], -np.maximum(x, 0))
+    assert list(run_openvino(path, {"x": x})) == ["y"]
+    with pytest.raises(ValueError, match="no tensors named"):
+        run_openvino(path, {"x": x}, ["missing"])
+
+
+# -- OpenVINO against the Q/DQ model on onnxruntime -------------------------------------------------------
+
+
+def deployed(factory, shape: list[int], seed: int = 0) -> tuple[onnx.ModelProto, QParamTable]:
+    torch.manual_seed(seed)
+    qmodel = prepare_by_platform(factory().eval(), "openvino")
+    enable_calibration(qmodel)
+    with torch.no_grad():
+        for _ in range(3):
+            qmodel(torch.randn(8, *shape[1:]))
+    enable_quantization(qmodel)
+    float_model, table, _, _ = convert_onnx(convert_merge_bn(qmodel), {"x": shape})
+    return float_model, table
+
+
+def parity(float_model: onnx.ModelProto, table: QParamTable, x: np.ndarray, folder, local: bool):
+    """Per activation (max LSB difference, exact fraction) of OpenVINO vs onnxruntime's Q/DQ model.
+
+    End to end, or with ``local`` each FakeQuantize output computed by OpenVINO from onnxruntime's
+    quantized values of the tensors before it (one layer's own difference).
+    """
+    qdq, dequantized = insert_qdq(float_model, table)
+    fq_model, quantized = to_openvino(float_model, table)
+    acts = [t for t in table if table[t].kind == "activation"]
+    reference = run_ort(qdq, {"x": x}, [dequantized[t] for t in acts])
+    if not local:
+        path = save(fq_model, folder / "fq.onnx")
+        got = run_openvino(path, {"x": x}, [quantized[t] for t in acts])
+    else:
+        got = {}
+        fakes = {n.output[0]: n for n in fq_model.graph.node if n.op_type == "FakeQuantize"}
+        sources = {fakes[quantized[t]].input[0]: t for t in acts}  # the float tensor each quantizes
+        for tensor in acts:
+            stops = set(sources) - {fakes[quantized[tensor]].input[0]}
+            inputs = _inputs_of(fq_model, quantized[tensor], stops)
+            feeds = {n: reference[dequantized[sources[n]]] if n in sources else x for n in inputs}
+            sub = _subgraph(fq_model, quantized[tensor], feeds)
+            path = save(sub, folder / f"local_{len(got)}.onnx")
+            got[quantized[tensor]] = run_openvino(path, feeds, [quantized[tensor]])[quantized[tensor]]
+    result = {}
+    for t in acts:
+        diff = lsb_diff(got[quantized[t]], reference[dequantized[t]], table[t])
+        result[t] = int(diff.max()), float((diff == 0).mean())
+    return result
+
+
+def _walk(model: onnx.ModelProto, target: str, stops: set[str]) -> tuple[dict[int, onnx.NodeProto], list[str]]:
+    """The nodes computing ``target`` from the ``stops``, the graph inputs and constants; and the inputs reached."""
+    producers = {o: n for n in model.graph.node for o in n.output}
+    constants = {i.name for i in model.graph.initializer}
+    nodes: dict[int, onnx.NodeProto] = {}
+    inputs: list[str] = []
+    stack = [target]
+    while stack:
+        name = stack.pop()
+        if not name or name in constants or name in inputs or id(producers.get(name)) in nodes:
+            continue
+        if name in stops or name not in producers:
+            inputs.append(name)
+            continue
+        nodes[id(producers[name])] = producers[name]
+        stack.extend(producers[name].input)
+    return nodes, inputs
+
+
+def _inputs_of(model: onnx.ModelProto, target: str, stops: set[str]) -> list[str]:
+    return _walk(model, target, stops)[1]
+
+
+def _subgraph(model: onnx.ModelProto, target: str, feeds: dict[str, np.ndarray]) -> onnx.ModelProto:
+    """``target`` computed from the tensors in ``feeds`` (which become the graph inputs)."""
+    nodes, _ = _walk(model, target, set(feeds))
+    constants = {i.name: i for i in model.graph.initializer}
+    graph = helper.make_graph(
+        [n for n in model.graph.node if id(n) in nodes],
+        "local",
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, list(v.shape)) for n, v in feeds.items()],
+        [helper.make_empty_tensor_value_info(target)],
+        list({i: constants[i] for n in nodes.values() for i in n.input if i in constants}.values()),
+    )
+    return helper.make_model(graph, opset_imports=list(model.opset_import))
+
+
+def test_one_layer_within_one_lsb(tmp_path):
+    """Conv (per-channel int8 weights) + Relu with unsigned output, as the openvino backend places it."""
+    x, w, b = RNG.standard_normal((4, 3, 8, 8)), RNG.standard_normal((8, 3, 3, 3)) * 0.3, RNG.standard_normal(8) * 0.1
+    nodes = [
+        helper.make_node("Conv", ["x", "w", "b"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c"], ["y"], name="relu"),
+    ]
+    model = model_of(nodes, {"x": x}, ["y"], {"w": w, "b": b})
+    span = np.abs(w).reshape(8, -1).max(1)
+    weight = TensorQParams(span / 127.5, np.zeros(8), -128, 127, axis=0, kind="weight")
+    table = QParamTable({"x": act(0.03, 0, -128, 127), "w": weight, "y": act(0.02, 0, 0, 255)})
+    result = parity(model, table, x.astype(np.float32), tmp_path, local=False)
+    assert max(v[0] for v in result.values()) <= 1
+    assert min(v[1] for v in result.values()) > 0.97
+
+
+@pytest.mark.parametrize(
+    ("network", "shape"),
+    [(DigitsCNN, [4, 1, 8, 8]), pytest.param(lambda: resnet18(num_classes=10), [1, 3, 32, 32], marks=pytest.mark.slow)],
+    ids=["digits", "resnet18"],
+)
+def test_network_layers_within_one_lsb(tmp_path, network, shape):
+    float_model, table = deployed(network, shape)
+    x = np.random.default_rng(1).standard_normal(shape).astype(np.float32)
+    local = parity(float_model, table, x, tmp_path, local=True)
+    assert max(v[0] for v in local.values()) <= 1  # each layer on onnxruntime's quantized inputs
+    # ties: unsigned ReLU outputs requantized to a signed grid of twice the scale (ResNet's max pool) land on
+    # exact halves, which FakeQuantize's (x - low) * (levels - 1) / (high - low) rounds apart from x / scale
+    assert min(v[1] for v in local.values()) > 0.9
+    assert sum(v[1] for v in local.values()) / len(local) > 0.99
+    if shape[1] == 1:  # end to end on the small network (deeper ones pass 1-LSB steps on with gains above 1)
+        assert max(v[0] for v in parity(float_model, table, x, tmp_path, local=False).values()) <= 2
+
+
+def test_write(tmp_path):
+    float_model, table = deployed(DigitsCNN, [1, 1, 8, 8])
+    qdq, _ = insert_qdq(float_model, table)
+    context = DeployContext(resolve_backend("openvino"), "m", tmp_path, float_model, qdq, table, ["x"], ["output"])
+    path = write(context)
+    assert path == tmp_path / "m_openvino.onnx"
+    saved = onnx.load(str(path))
+    assert fake_quantize_outputs(saved, table) == to_openvino(float_model, table)[1]
+    assert len(fake_quantize_outputs(saved, table)) == len(table)
+    x = np.random.default_rng(2).standard_normal((1, 1, 8, 8)).astype(np.float32)
+    out = run_openvino(path, {"x": x})["output"]
+    reference = run_ort(qdq, {"x": x}, ["output"])["output"]
+    np.testing.assert_allclose(out, reference, atol=0.05 * np.abs(reference).max())
