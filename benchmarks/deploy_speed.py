@@ -1,12 +1,13 @@
 """Deployed int8 latency on onnxruntime, and convert_deploy's own time.
 
 ResNet-18 and MobileNetV2 at 224 px, batch 1 and 8, onnxruntime on the CPU with 2 intra-op
-threads and spinning off. In one run, interleaved: the float ONNX model, mqbench's QDQ
-deployment (standard QuantizeLinear/DequantizeLinear), mqbench's ONNX_QNN deployment (the
-all-integer QLinear graph) and onnxruntime's own ``quantize_static`` (QDQ format, per-channel
-int8 weights, uint8 activations, MinMax calibration on the same images). Targets: the int8
-deployments >= 2.5x faster than float on ResNet-18 at batch 8, and never slower than
-``quantize_static``. Also: convert_deploy's wall time for ResNet-50 (224 px).
+threads and spinning off. In one run, interleaved: the float ONNX model; mqbench's QDQ
+deployment as its standard QuantizeLinear/DequantizeLinear model and as the QLinear integer
+graph (``deploy_to_qlinear=True``); mqbench's ONNX_QNN deployment (its QLinear graph); and
+onnxruntime's own ``quantize_static`` (QDQ format, per-channel int8 weights, uint8
+activations, MinMax calibration on the same images). Targets: >= 2.5x faster than float on
+ResNet-18 at batch 8, and never slower than ``quantize_static``. Also: convert_deploy's wall
+time for ResNet-50 (224 px).
 
 Run: ``.venv/bin/python benchmarks/deploy_speed.py [--repeats N] [--quick]``; writes
 benchmarks/results/deploy_speed.json.
@@ -55,7 +56,9 @@ def calibration_images(size: int, count: int = 8) -> torch.Tensor:
     return (images - mean) / std
 
 
-def deploy(model: nn.Module, backend: str, images: torch.Tensor, folder: Path) -> tuple[str, float]:
+def deploy(
+    model: nn.Module, backend: str, images: torch.Tensor, folder: Path, artifact: str = "onnx"
+) -> tuple[str, float]:
     qmodel = prepare_by_platform(model, backend)
     enable_calibration(qmodel)
     with torch.no_grad():
@@ -63,11 +66,15 @@ def deploy(model: nn.Module, backend: str, images: torch.Tensor, folder: Path) -
     enable_quantization(qmodel)
     start = time.perf_counter()
     result = convert_deploy(
-        qmodel, backend, {"x": [1, *images.shape[1:]]}, output_path=folder / backend, dynamic_axes={"x": {0: "batch"}}
+        qmodel,
+        backend,
+        {"x": [1, *images.shape[1:]]},
+        output_path=folder / backend,
+        deploy_to_qlinear=artifact == "qlinear_onnx",
+        dynamic_axes={"x": {0: "batch"}},
     )
     seconds = time.perf_counter() - start
-    key = "qlinear_onnx" if "qlinear_onnx" in result.artifacts else "onnx"
-    return result.artifacts[key], seconds
+    return result.artifacts[artifact], seconds
 
 
 def float_onnx(model: nn.Module, images: torch.Tensor, path: Path) -> str:
@@ -125,9 +132,12 @@ def main() -> None:
         for name, factory in MODELS.items():
             model = factory(num_classes=1000).eval()
             paths = {"float": float_onnx(model, images, folder / f"{name}_float.onnx")}
-            paths["mqbench QDQ"], deploy_seconds[f"{name} qdq"] = deploy(model, "qdq", images, folder / name)
+            paths["mqbench QDQ: Q/DQ"], deploy_seconds[f"{name} qdq"] = deploy(model, "qdq", images, folder / name)
+            paths["mqbench QDQ: QLinear"], deploy_seconds[f"{name} qdq + qlinear"] = deploy(
+                model, "qdq", images, folder / f"{name}_qlinear", "qlinear_onnx"
+            )
             paths["mqbench ONNX_QNN"], deploy_seconds[f"{name} onnx_qnn"] = deploy(
-                model, "onnx_qnn", images, folder / name
+                model, "onnx_qnn", images, folder / name, "qlinear_onnx"
             )
             paths["ort quantize_static"] = ort_quantize_static(paths["float"], images, folder / f"{name}_ort.onnx")
             sessions = {label: ort_session(onnx.load(path)) for label, path in paths.items()}
