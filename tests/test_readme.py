@@ -14,6 +14,8 @@ def test_quick_start_runs(tmp_path, monkeypatch):
     exec(compile(blocks[0], str(README), "exec"), namespace)
     import onnx
 
-    exported = onnx.load(str(tmp_path / "resnet18_qdq.onnx"))
+    exported = onnx.load(str(tmp_path / "resnet18.onnx"))
     assert sum(node.op_type == "QuantizeLinear" for node in exported.graph.node) > 20
+    assert sorted(namespace["result"].artifacts) == ["calib_cache", "clip_ranges", "deploy_onnx", "onnx"]
+    assert (tmp_path / "resnet18_clip_ranges.json").is_file()
     assert len(blocks[0].strip().splitlines()) <= 20
