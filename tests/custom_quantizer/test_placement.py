@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
+from backend_configs import academic_config
 from mqbench.backends import ParamsTable, register_backend
 from mqbench.custom_quantizer import ModelQuantizer, register_model_quantizer
 from mqbench.fake_quantize import LearnableFakeQuantize
@@ -27,17 +28,6 @@ from mqbench.utils.state import enable_calibration, enable_quantization
 
 EXPLICIT = ("tensorrt", "qdq", "nnie")
 TOTAL_INT = ("snpe", "pplw8a16", "pplcuda", "stpu")
-
-ACADEMIC_CONFIG = {
-    "extra_qconfig_dict": {
-        "w_observer": "MinMaxObserver",
-        "a_observer": "EMAMinMaxObserver",
-        "w_fakequantize": "LearnableFakeQuantize",
-        "a_fakequantize": "LearnableFakeQuantize",
-        "w_qscheme": {"bit": 4, "symmetry": True, "per_channel": True, "pot_scale": False},
-        "a_qscheme": {"bit": 4, "symmetry": False, "per_channel": False, "pot_scale": False},
-    }
-}
 
 
 # -- reading a prepared graph ---------------------------------------------------------------------
@@ -534,7 +524,7 @@ def test_tensorrt_nlp_quantizes_linear_matmul_and_residual_add_only():
 
 
 def test_academic_nlp_quantizes_linear_and_matmul():
-    gm = prepared(TinyBertBlock(), "academic_nlp", ACADEMIC_CONFIG)
+    gm = prepared(TinyBertBlock(), "academic_nlp", academic_config(4))
     assert quantized_edges(gm) == {
         "ln0": {"q", "k", "v"},
         "q": {"matmul"},
@@ -626,7 +616,7 @@ class FourLayers(nn.Module):
 
 
 def test_academic_first_and_last_layer_8bit_others_4bit():
-    gm = prepared(FourLayers(), "academic", ACADEMIC_CONFIG)
+    gm = prepared(FourLayers(), "academic", academic_config(4))
     assert quantized_edges(gm) == {"x": {"conv1"}, "conv1": {"conv2"}, "flatten": {"fc1"}, "fc1": {"fc2"}}
     assert quant_ranges(gm) == {"x": (0, 255), "conv1": (0, 15), "flatten": (0, 15), "fc1": (0, 255)}
     weight_ranges = {
@@ -645,7 +635,8 @@ def test_academic_first_and_last_layer_8bit_others_4bit():
 
 
 def test_academic_missing_qconfig_keys_are_listed():
-    partial = {k: v for k, v in ACADEMIC_CONFIG["extra_qconfig_dict"].items() if k not in ("w_qscheme", "a_observer")}
+    config = academic_config(4)["extra_qconfig_dict"]
+    partial = {k: v for k, v in config.items() if k not in ("w_qscheme", "a_observer")}
     with pytest.raises(ValueError, match="extra_qconfig_dict") as info:
         prepare_by_platform(FourLayers().eval(), "academic", {"extra_qconfig_dict": partial})
     assert "w_qscheme" in str(info.value)
@@ -776,7 +767,7 @@ def test_register_model_quantizer_rejects_non_subclasses(mynpu):
 # -- every backend --------------------------------------------------------------------------------
 @pytest.mark.parametrize("backend", list(BackendType))
 def test_every_backend_prepares_and_runs(backend):
-    config = ACADEMIC_CONFIG if backend.value.startswith("academic") else None
+    config = academic_config(4) if backend.value.startswith("academic") else None
     model = ResBlock()
     gm = prepared(model, backend.value, config)
     for name in ("conv", "down", "fc"):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from backend_configs import config_for
 from mqbench.convert_deploy import convert_deploy
 from mqbench.deploy.verify import verify_deploy
 from mqbench.deploy.writers import READERS
@@ -15,16 +16,6 @@ from mqbench.utils.state import enable_calibration, enable_quantization
 
 pytestmark = pytest.mark.slow
 
-ACADEMIC_8BIT = {
-    "extra_qconfig_dict": {
-        "w_observer": "MinMaxObserver",
-        "a_observer": "EMAMinMaxObserver",
-        "w_fakequantize": "LearnableFakeQuantize",
-        "a_fakequantize": "LearnableFakeQuantize",
-        "w_qscheme": {"bit": 8, "symmetry": True, "per_channel": True, "pot_scale": False},
-        "a_qscheme": {"bit": 8, "symmetry": False, "per_channel": False, "pot_scale": False},
-    }
-}
 BACKENDS = [backend.value for backend in BackendType]
 # LSBs a runtime may differ from the simulation on one tensor computed from the same inputs:
 # a rounding tie decided the other way by a different float summation order.
@@ -50,8 +41,7 @@ def quantized_calls(qmodel: torch.nn.Module, x: torch.Tensor) -> int:
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_deploy_and_verify(name, backend, tmp_path):
     zoo = zoo_model(name)
-    config = ACADEMIC_8BIT if backend.startswith("academic") else None
-    qmodel = prepare_by_platform(zoo.model, backend, prepare_custom_config_dict=config)
+    qmodel = prepare_by_platform(zoo.model, backend, prepare_custom_config_dict=config_for(backend))
     enable_calibration(qmodel)
     with torch.no_grad():
         qmodel(zoo.calibration[:16])

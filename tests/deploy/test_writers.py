@@ -14,6 +14,7 @@ import pytest
 import torch
 from onnx import TensorProto, helper, numpy_helper
 
+from backend_configs import ACADEMIC_8BIT
 from mqbench.backends import ParamsTable, resolve_backend
 from mqbench.convert_deploy import DeployContext, convert_deploy
 from mqbench.deploy.onnx_graph import ort_session
@@ -23,17 +24,6 @@ from mqbench.deploy.writers import READERS, WRITERS
 from mqbench.models import DigitsCNN
 from mqbench.prepare_by_platform import prepare_by_platform
 from mqbench.utils.state import enable_calibration, enable_quantization
-
-ACADEMIC_CONFIG = {
-    "extra_qconfig_dict": {
-        "w_observer": "MinMaxObserver",
-        "a_observer": "EMAMinMaxObserver",
-        "w_fakequantize": "LearnableFakeQuantize",
-        "a_fakequantize": "LearnableFakeQuantize",
-        "w_qscheme": {"bit": 8, "symmetry": True, "per_channel": True, "pot_scale": False},
-        "a_qscheme": {"bit": 8, "symmetry": False, "per_channel": False, "pot_scale": False},
-    }
-}
 
 KEYS = ("clip_ranges", "calib_cache", "encodings", "ppl_json", "nnie_json", "vitis_json", "tengine_scale", "stpu_json")
 WEIGHTS = {"w_conv": (0, 4), "w_deconv": (1, 3), "w_fc": (None, 1)}  # name -> (axis, channels)
@@ -520,7 +510,7 @@ def deployments(tmp_path_factory):
     def deploy(backend: str):
         if backend not in cache:
             torch.manual_seed(0)
-            extra = {"prepare_custom_config_dict": ACADEMIC_CONFIG} if backend == "academic" else {}
+            extra = {"prepare_custom_config_dict": ACADEMIC_8BIT} if backend == "academic" else {}
             qmodel = prepare_by_platform(DigitsCNN().eval(), backend, **extra)
             enable_calibration(qmodel)
             generator = torch.Generator().manual_seed(1)

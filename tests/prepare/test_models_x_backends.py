@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from backend_configs import config_for
 from mqbench.fake_quantize import QuantizeBase
 from mqbench.models import bert_tiny
 from mqbench.models.zoo import VISION_MODELS, outputs_as_tensor, zoo_labels, zoo_model
@@ -16,16 +17,6 @@ from mqbench.utils.state import disable_all, enable_calibration, enable_quantiza
 
 pytestmark = pytest.mark.slow
 
-ACADEMIC_8BIT = {
-    "extra_qconfig_dict": {
-        "w_observer": "MinMaxObserver",
-        "a_observer": "EMAMinMaxObserver",
-        "w_fakequantize": "LearnableFakeQuantize",
-        "a_fakequantize": "LearnableFakeQuantize",
-        "w_qscheme": {"bit": 8, "symmetry": True, "per_channel": True, "pot_scale": False},
-        "a_qscheme": {"bit": 8, "symmetry": False, "per_channel": False, "pot_scale": False},
-    }
-}
 BACKENDS = [backend.value for backend in BackendType]
 
 
@@ -46,10 +37,6 @@ def fidelity_floor(backend: str) -> float:
 
 
 WEIGHTED = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Linear, nn.ConvTranspose2d)
-
-
-def config_for(backend: str) -> dict | None:
-    return ACADEMIC_8BIT if backend.startswith("academic") else None
 
 
 def centered_cosine(reference: torch.Tensor, other: torch.Tensor) -> float:

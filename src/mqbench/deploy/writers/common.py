@@ -14,16 +14,19 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnx
 
 from mqbench.backends.spec import BackendSpec
-from mqbench.deploy.table import TensorQParams
+from mqbench.deploy.table import QParamTable, TensorQParams
 from mqbench.scheme import QuantScheme
+
+if TYPE_CHECKING:
+    from mqbench.convert_deploy import DeployContext
 
 __all__ = [
     "ModelTensors",
@@ -149,6 +152,47 @@ def scheme_for(spec: BackendSpec, kind: str, path: str | Path) -> QuantScheme:
             f"{path}: backend {spec.name!r} has no default {kind} scheme, and the file does not give the integer range"
         )
     return quantizer.scheme
+
+
+def linear_values(entry: TensorQParams, format_name: str, scale_key: str) -> dict[str, Any]:
+    """Scale (under ``scale_key``), zero point and float ``min``/``max`` of a linear entry; lists per channel."""
+    if entry.grid != "linear":
+        raise ValueError(f"{format_name} parameters describe linear grids, not the {entry.grid!r} grid")
+    per_channel = entry.per_channel
+    low, high = entry.float_range()
+    return {
+        scale_key: as_values(entry.scale, per_channel),
+        "zero_point": entry.zero_point.tolist() if per_channel else int(entry.zero_point[0]),
+        "min": as_values(np.asarray(low), per_channel),
+        "max": as_values(np.asarray(high), per_channel),
+    }
+
+
+def write_by_kind(context: DeployContext, suffix: str, describe: Callable[[TensorQParams], dict[str, Any]]) -> Path:
+    """Write ``{"activation": {tensor: describe(entry)}, "weight": {...}}`` to ``context.path(suffix)``."""
+    data: dict[str, dict[str, Any]] = {"activation": {}, "weight": {}}
+    for tensor, entry in context.table.items():
+        try:
+            data[entry.kind][tensor] = describe(entry)
+        except ValueError as error:
+            raise ValueError(f"tensor {tensor!r}: {error}") from None
+    return write_json(context.path(suffix), data)
+
+
+EntryReader = Callable[[str, Any, str, "ModelTensors", "str | Path"], TensorQParams]
+
+
+def read_by_kind(path: str | Path, float_model: onnx.ModelProto, read_entry: EntryReader) -> QParamTable:
+    """The table of a file written by :func:`write_by_kind`, one ``read_entry(tensor, values, kind, ...)`` each."""
+    data = load_json(path)
+    model = ModelTensors(float_model)
+    entries: dict[str, TensorQParams] = {}
+    for kind in ("activation", "weight"):
+        for tensor, values in get_section(data, kind, path).items():
+            if tensor in entries:
+                raise ValueError(f"{path}: tensor {tensor!r} is both an activation and a weight")
+            entries[tensor] = read_entry(tensor, values, kind, model, path)
+    return QParamTable(entries)
 
 
 def make_entry(tensor: str, path: str | Path, **fields: Any) -> TensorQParams:

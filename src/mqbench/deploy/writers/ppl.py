@@ -36,14 +36,13 @@ from mqbench.backends.spec import BackendSpec
 from mqbench.deploy.table import QParamTable, TensorQParams
 from mqbench.deploy.writers.common import (
     ModelTensors,
-    as_values,
     get_float,
     get_int,
     get_scalar_int,
-    get_section,
-    load_json,
+    linear_values,
     make_entry,
-    write_json,
+    read_by_kind,
+    write_by_kind,
 )
 
 if TYPE_CHECKING:
@@ -56,32 +55,16 @@ SUFFIX = "_ppl.json"
 
 def ppl_entry(entry: TensorQParams) -> dict[str, Any]:
     """The PPL parameters of one entry (lists and ``axis`` per channel)."""
-    if entry.grid != "linear":
-        raise ValueError(f"PPL parameters describe linear grids, not the {entry.grid!r} grid")
-    per_channel = entry.per_channel
-    low, high = entry.float_range()
-    values: dict[str, Any] = {
-        "step": as_values(entry.scale, per_channel),
-        "zero_point": entry.zero_point.tolist() if per_channel else int(entry.zero_point[0]),
-        "min": as_values(np.asarray(low), per_channel),
-        "max": as_values(np.asarray(high), per_channel),
-        "bit": entry.bits,
-        "type": "per_channel" if per_channel else "per_tensor",
-    }
-    if per_channel:
+    values = linear_values(entry, "PPL", "step")
+    values.update(bit=entry.bits, type="per_channel" if entry.per_channel else "per_tensor")
+    if entry.per_channel:
         values["axis"] = entry.axis
     return values
 
 
 def write(context: DeployContext) -> Path:
     """Write ``{model_name}_ppl.json`` (every table entry, by kind)."""
-    data: dict[str, dict[str, Any]] = {"activation": {}, "weight": {}}
-    for tensor, entry in context.table.items():
-        try:
-            data[entry.kind][tensor] = ppl_entry(entry)
-        except ValueError as error:
-            raise ValueError(f"tensor {tensor!r}: {error}") from None
-    return write_json(context.path(SUFFIX), data)
+    return write_by_kind(context, SUFFIX, ppl_entry)
 
 
 def _integer_bound(
@@ -134,12 +117,4 @@ def _entry(tensor: str, values: Any, kind: str, model: ModelTensors, path: str |
 
 def read(path: str | Path, spec: BackendSpec, float_model: onnx.ModelProto) -> QParamTable:
     """The quantization a PPL parameter file describes (exact)."""
-    data = load_json(path)
-    model = ModelTensors(float_model)
-    entries: dict[str, TensorQParams] = {}
-    for kind in ("activation", "weight"):
-        for tensor, values in get_section(data, kind, path).items():
-            if tensor in entries:
-                raise ValueError(f"{path}: tensor {tensor!r} is both an activation and a weight")
-            entries[tensor] = _entry(tensor, values, kind, model, path)
-    return QParamTable(entries)
+    return read_by_kind(path, float_model, _entry)

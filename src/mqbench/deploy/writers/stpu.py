@@ -2,7 +2,7 @@
 
 Layout::
 
-    {"activation": {tensor: {"scale", "zero_point", "bits", "min", "max", "quant_min", "quant_max"}},
+    {"activation": {tensor: {"scale", "zero_point", "min", "max", "bits", "quant_min", "quant_max"}},
      "weight": {weight: {... the same, with lists for "scale", "zero_point", "min", "max"
                          and "axis" when per channel}}}
 
@@ -16,7 +16,7 @@ Example:
     >>> from mqbench.deploy.table import TensorQParams
     >>> from mqbench.deploy.writers.stpu import stpu_entry
     >>> stpu_entry(TensorQParams(np.array([0.5]), np.array([0]), -127, 127))
-    {'scale': 0.5, 'zero_point': 0, 'bits': 8, 'min': -63.5, 'max': 63.5, 'quant_min': -127, 'quant_max': 127}
+    {'scale': 0.5, 'zero_point': 0, 'min': -63.5, 'max': 63.5, 'bits': 8, 'quant_min': -127, 'quant_max': 127}
 """
 
 from __future__ import annotations
@@ -31,14 +31,13 @@ from mqbench.backends.spec import BackendSpec
 from mqbench.deploy.table import QParamTable, TensorQParams
 from mqbench.deploy.writers.common import (
     ModelTensors,
-    as_values,
     get_float,
     get_int,
     get_scalar_int,
-    get_section,
-    load_json,
+    linear_values,
     make_entry,
-    write_json,
+    read_by_kind,
+    write_by_kind,
 )
 
 if TYPE_CHECKING:
@@ -51,33 +50,16 @@ SUFFIX = "_stpu.json"
 
 def stpu_entry(entry: TensorQParams) -> dict[str, Any]:
     """The STPU parameters of one entry (lists and ``axis`` per channel)."""
-    if entry.grid != "linear":
-        raise ValueError(f"STPU parameters describe linear grids, not the {entry.grid!r} grid")
-    per_channel = entry.per_channel
-    low, high = entry.float_range()
-    values: dict[str, Any] = {
-        "scale": as_values(entry.scale, per_channel),
-        "zero_point": entry.zero_point.tolist() if per_channel else int(entry.zero_point[0]),
-        "bits": entry.bits,
-        "min": as_values(np.asarray(low), per_channel),
-        "max": as_values(np.asarray(high), per_channel),
-        "quant_min": entry.quant_min,
-        "quant_max": entry.quant_max,
-    }
-    if per_channel:
+    values = linear_values(entry, "STPU", "scale")
+    values.update(bits=entry.bits, quant_min=entry.quant_min, quant_max=entry.quant_max)
+    if entry.per_channel:
         values["axis"] = entry.axis
     return values
 
 
 def write(context: DeployContext) -> Path:
     """Write ``{model_name}_stpu.json`` (every table entry, by kind)."""
-    data: dict[str, dict[str, Any]] = {"activation": {}, "weight": {}}
-    for tensor, entry in context.table.items():
-        try:
-            data[entry.kind][tensor] = stpu_entry(entry)
-        except ValueError as error:
-            raise ValueError(f"tensor {tensor!r}: {error}") from None
-    return write_json(context.path(SUFFIX), data)
+    return write_by_kind(context, SUFFIX, stpu_entry)
 
 
 def _entry(tensor: str, values: Any, kind: str, model: ModelTensors, path: str | Path) -> TensorQParams:
@@ -111,12 +93,4 @@ def _entry(tensor: str, values: Any, kind: str, model: ModelTensors, path: str |
 
 def read(path: str | Path, spec: BackendSpec, float_model: onnx.ModelProto) -> QParamTable:
     """The quantization an STPU parameter file describes (exact)."""
-    data = load_json(path)
-    model = ModelTensors(float_model)
-    entries: dict[str, TensorQParams] = {}
-    for kind in ("activation", "weight"):
-        for tensor, values in get_section(data, kind, path).items():
-            if tensor in entries:
-                raise ValueError(f"{path}: tensor {tensor!r} is both an activation and a weight")
-            entries[tensor] = _entry(tensor, values, kind, model, path)
-    return QParamTable(entries)
+    return read_by_kind(path, float_model, _entry)

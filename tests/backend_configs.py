@@ -1,0 +1,25 @@
+"""Quantizer settings the tests give the Academic backends (which have no defaults of their own)."""
+
+from __future__ import annotations
+
+
+def academic_config(bits: int = 8) -> dict:
+    """LSQ quantizers calibrated by MinMax / EMA-MinMax: symmetric per-channel weights, asymmetric activations."""
+    return {
+        "extra_qconfig_dict": {
+            "w_observer": "MinMaxObserver",
+            "a_observer": "EMAMinMaxObserver",
+            "w_fakequantize": "LearnableFakeQuantize",
+            "a_fakequantize": "LearnableFakeQuantize",
+            "w_qscheme": {"bit": bits, "symmetry": True, "per_channel": True, "pot_scale": False},
+            "a_qscheme": {"bit": bits, "symmetry": False, "per_channel": False, "pot_scale": False},
+        }
+    }
+
+
+ACADEMIC_8BIT = academic_config(8)
+
+
+def config_for(backend: str) -> dict | None:
+    """The prepare_custom_config_dict a backend needs in the tests: the 8-bit settings for the academic ones."""
+    return ACADEMIC_8BIT if backend.startswith("academic") else None
