@@ -222,3 +222,26 @@ def test_disabled_quantizers_deploy_as_float(tmp_path):
         warnings.simplefilter("ignore")
         report = verify_deploy(qmodel, result, x)
     assert report.max_lsb_diff <= 1
+
+
+def test_ops_without_an_integer_kernel_stay_float_with_a_warning_naming_them(tmp_path):
+    from mqbench.deploy.qlinear import float_ops
+
+    class Upsampler(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = nn.Conv2d(1, 4, 3, padding=1)
+            self.up = nn.ConvTranspose2d(4, 2, 2, stride=2)
+
+        def forward(self, x):
+            return self.up(torch.relu(self.conv(x)))
+
+    torch.manual_seed(0)
+    qmodel = calibrated(Upsampler(), "onnx_qnn")
+    with pytest.warns(UserWarning, match=r"run in float .*ConvTranspose"):
+        result = convert_deploy(qmodel, "onnx_qnn", {"x": SHAPE}, output_path=tmp_path)
+    qlinear = onnx.load(result.artifacts["qlinear_onnx"])
+    assert [node.op_type for node in float_ops(qlinear)] == ["ConvTranspose"]
+    assert [node.op_type for node in qlinear.graph.node].count("QLinearConv") == 1
+    report = verify_deploy(qmodel, result, torch.randn(SHAPE))
+    assert report.max_lsb_diff <= 1

@@ -43,6 +43,7 @@ Example:
 from __future__ import annotations
 
 import json
+import warnings
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -60,7 +61,7 @@ from mqbench.deploy.table import QParamTable
 if TYPE_CHECKING:
     from mqbench.convert_deploy import DeployContext
 
-__all__ = ["CONTRIB_DOMAIN", "METADATA_KEY", "IntegerTensors", "exposed_tensors", "to_qlinear", "write"]
+__all__ = ["CONTRIB_DOMAIN", "METADATA_KEY", "IntegerTensors", "exposed_tensors", "float_ops", "to_qlinear", "write"]
 
 CONTRIB_DOMAIN = "com.microsoft"
 METADATA_KEY = "mqbench.integer_tensors"  # model metadata: the integer tensors, as JSON
@@ -611,9 +612,32 @@ def exposed_tensors(model: onnx.ModelProto, table: QParamTable) -> IntegerTensor
     return result
 
 
+_SHAPE_OPS = frozenset({"Identity", "Flatten", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Shape", "Gather"})
+
+
+def float_ops(model: onnx.ModelProto) -> list[onnx.NodeProto]:
+    """Compute operators of a converted model that still run in float on dequantized inputs."""
+    dequantized = {n.output[0] for n in model.graph.node if n.op_type == "DequantizeLinear"}
+    return [
+        node
+        for node in model.graph.node
+        if node.op_type not in _SHAPE_OPS | {"QuantizeLinear", "DequantizeLinear"}
+        and any(name in dequantized for name in node.input)
+    ]
+
+
 def write(context: DeployContext) -> Path:
-    """The ``qlinear_onnx`` artifact: ``<model_name>_qlinear.onnx``."""
+    """The ``qlinear_onnx`` artifact: ``<model_name>_qlinear.onnx``; warns naming the ops left in float."""
     model, _ = to_qlinear(context.qdq_model, context.table)
+    left = float_ops(model)
+    if left:
+        shown = ", ".join(f"{node.op_type} {node.name!r}" for node in left[:8])
+        more = f" and {len(left) - 8} more" if len(left) > 8 else ""
+        warnings.warn(
+            f"{len(left)} op(s) have no integer kernel in onnxruntime and run in float between "
+            f"DequantizeLinear and QuantizeLinear in the QLinear graph: {shown}{more}",
+            stacklevel=2,
+        )
     path = context.path("_qlinear.onnx")
     save_model(model, path)
     return path
