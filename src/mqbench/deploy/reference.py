@@ -28,8 +28,14 @@ scales are related by powers of two (then half up and the float graph's half to 
 
 Exactness: int8 x int8 convolutions and matrix products run as float64 matrix products of the
 zero-point-centred integers. Every product is below ``255 * 255 < 2**16`` in magnitude, so every
-partial sum is an exact integer while the reduction length stays below ``2**37`` terms; the
-accumulators are then checked against the int32 range.
+partial sum is an exact integer while the reduction length stays below ``2**37`` terms (int64
+beyond that); the accumulators are then checked against the int32 range.
+
+The integer kernels (fixed-point multiplier and requantization, exact convolution and matrix
+accumulation, bias quantization, the Add rescaling) are those of
+:mod:`mqbench.nn.quantized.functional`, shared with the integer reference modules of
+:mod:`mqbench.nn.quantized`; ``requantize_multiplier``, ``requantize``, ``ROUNDINGS`` and
+``ADD_FRACTION_BITS`` are re-exported here.
 
 Example:
     >>> import numpy as np
@@ -54,109 +60,32 @@ Example:
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 import onnx
-from numpy.lib.stride_tricks import sliding_window_view
 from onnx import helper, numpy_helper
+
+from mqbench.nn.quantized.functional import (
+    ADD_FRACTION_BITS,
+    INT32_RANGE,
+    ROUNDINGS,
+    add_rescale,
+    conv_accumulate,
+    exact_matmul,
+    quantize_bias,
+    requantize,
+    requantize_multiplier,
+    rescale,
+    round_to_grid,
+    sliding_windows,
+)
 
 __all__ = ["ADD_FRACTION_BITS", "ROUNDINGS", "requantize", "requantize_multiplier", "run_reference"]
 
-ADD_FRACTION_BITS = 20  # left shift of the 8-bit operands of an integer Add / Sub before rescaling
-ROUNDINGS = ("half_up", "half_even", "half_away")  # how the requantization shift settles exact ties
-_INT32 = (-(2**31), 2**31 - 1)
 _SHAPE_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Slice", "Expand", "Tile"})
-
-
-def requantize_multiplier(real: float) -> tuple[int, int]:
-    """``(m0, shift)`` with ``real ~= m0 * 2**-shift``, ``2**30 <= m0 < 2**31`` and ``shift >= 1``.
-
-    ``m0`` is the 31-bit fixed-point multiplier of an int32 datapath; the relative error is at
-    most ``2**-31``. Raises ``ValueError`` for non-positive or non-finite values and for values
-    too large for a positive shift (about ``2**30`` and above).
-
-    >>> requantize_multiplier(0.5)
-    (1073741824, 31)
-    >>> m0, shift = requantize_multiplier(0.0123)
-    >>> 2**30 <= m0 < 2**31, abs(m0 * 2.0**-shift / 0.0123 - 1) <= 2**-31
-    (True, True)
-    """
-    real = float(real)
-    if not math.isfinite(real) or real <= 0:
-        raise ValueError(f"the real multiplier must be positive and finite, got {real!r}")
-    mantissa, exponent = math.frexp(real)  # real == mantissa * 2**exponent, 0.5 <= mantissa < 1
-    m0 = round(mantissa * 2**31)
-    if m0 == 2**31:  # the mantissa rounded up to 1.0
-        m0, exponent = 2**30, exponent + 1
-    shift = 31 - exponent
-    if shift < 1:
-        raise ValueError(f"the real multiplier {real!r} is too large for a 31-bit fixed point (needs < 2**30)")
-    return m0, shift
-
-
-def _fixed_point(acc: np.ndarray, m0: Any, shift: Any, rounding: str = "half_up") -> np.ndarray:
-    """``round(acc * m0 * 2**-shift)`` on int64 for int32 ``acc``, ``m0`` and ``shift`` broadcasting."""
-    if rounding not in ROUNDINGS:
-        raise ValueError(f"rounding must be one of {ROUNDINGS}, got {rounding!r}")
-    acc = np.asarray(acc, np.int64)
-    m0, shift = np.asarray(m0, np.int64), np.asarray(shift, np.int64)
-    if acc.size and (acc.min() < _INT32[0] or acc.max() > _INT32[1]):
-        raise ValueError(f"accumulator values {acc.min()}..{acc.max()} exceed the int32 range")
-    if np.any(m0 < 0) or np.any(m0 >= 2**31) or np.any(shift < 1):
-        raise ValueError("m0 must lie in [0, 2**31) and shift be at least 1")
-    # |acc * m0| < 2**62, so adding 2**61 cannot overflow; a shift past 62 leaves |value| < 0.5, i.e. 0.
-    capped = np.minimum(shift, 62)
-    half = np.int64(1) << (capped - 1)
-    product = acc * m0
-    if rounding == "half_away":
-        rounded = np.sign(product) * ((np.abs(product) + half) >> capped)
-    else:
-        rounded = (product + half) >> capped  # arithmetic shift: floor, so ties go up
-        if rounding == "half_even":
-            tie = (product & ((half << 1) - 1)) == half
-            rounded = rounded - (tie & ((rounded & 1) == 1))
-    return np.where(shift > 62, np.int64(0), rounded)
-
-
-def requantize(
-    acc: np.ndarray,
-    m0: Any,
-    shift: Any,
-    zero_point: Any = 0,
-    qmin: int = -128,
-    qmax: int = 127,
-    rounding: str = "half_up",
-) -> np.ndarray:
-    """Fixed-point requantization: ``clamp(((acc * m0 + 2**(shift-1)) >> shift) + zero_point, qmin, qmax)``.
-
-    ``acc`` holds int32 accumulators; ``m0`` and ``shift`` (see :func:`requantize_multiplier`)
-    and ``zero_point`` broadcast against it (per channel). ``rounding`` settles exact ties of
-    the shift: ``"half_up"`` (towards +inf, the default: one add and an arithmetic shift),
-    ``"half_even"`` (what the float graph does) or ``"half_away"`` (from zero). Returns int64.
-
-    >>> m0, shift = requantize_multiplier(0.25)
-    >>> requantize(np.array([-6, -2, 2, 6, 1000]), m0, shift, zero_point=1)
-    array([  0,   1,   2,   3, 127])
-    >>> requantize(np.array([-6, -2, 2, 6]), m0, shift, rounding="half_even")
-    array([-2,  0,  0,  2])
-    >>> requantize(np.array([-6, -2, 2, 6]), m0, shift, rounding="half_away")
-    array([-2, -1,  1,  2])
-    """
-    if qmin > qmax:
-        raise ValueError(f"qmin {qmin} must not exceed qmax {qmax}")
-    return np.clip(_fixed_point(acc, m0, shift, rounding) + np.asarray(zero_point, np.int64), qmin, qmax)
-
-
-def _multipliers(real: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`requantize_multiplier` elementwise, shaped like ``real``."""
-    real = np.asarray(real, np.float64)
-    pairs = [requantize_multiplier(float(r)) for r in real.reshape(-1)]
-    m0 = np.array([p[0] for p in pairs], np.int64).reshape(real.shape)
-    return m0, np.array([p[1] for p in pairs], np.int64).reshape(real.shape)
 
 
 @dataclass(frozen=True)
@@ -234,25 +163,15 @@ def _param(values: np.ndarray, axis: int, rank: int) -> np.ndarray:
     return values.reshape(shape)
 
 
-def _quantize_float(x: np.ndarray, scale: np.ndarray, zero_point: np.ndarray) -> np.ndarray:
-    """ONNX QuantizeLinear before saturation: ``rint(x / scale) + zero_point`` in float32 / float64."""
-    return np.rint(np.asarray(x, np.float32) / scale.astype(np.float32)).astype(np.float64) + zero_point
-
-
 def _requantize_value(
     x: _Quant, scale: np.ndarray, zero_point: np.ndarray, lo: int, hi: int, rounding: str
 ) -> np.ndarray:
     """QuantizeLinear of an integer value: fixed-point rescale, the clamps on the output grid, saturation."""
     ratio = np.broadcast_to(x.scale, np.broadcast_shapes(x.scale.shape, scale.shape)) / scale.astype(np.float64)
-    if np.all(ratio == 1.0):
-        y = x.centered() + zero_point
-    else:
-        y = _fixed_point(x.centered(), *_multipliers(ratio), rounding) + zero_point
+    y = rescale(x.centered(), ratio, rounding) + zero_point
     result = y.astype(np.float64)  # exact: |y| < 2**32
     for clamp_lo, clamp_hi in x.clamps:
-        result = np.clip(
-            result, _quantize_float(clamp_lo, scale, zero_point), _quantize_float(clamp_hi, scale, zero_point)
-        )
+        result = np.clip(result, round_to_grid(clamp_lo, scale, zero_point), round_to_grid(clamp_hi, scale, zero_point))
     return np.clip(result, lo, hi).astype(np.int64)
 
 
@@ -296,27 +215,20 @@ def _geometry(attrs: dict[str, Any], spatial: Sequence[int], kernel: Sequence[in
     return strides, pads, dilations
 
 
+def _window_args(geometry: tuple[list[int], ...]) -> tuple[list[int], list[tuple[int, int]], list[int]]:
+    """(strides, (begin, end) pads, dilations) of a 2-d ONNX geometry, for the shared window kernels."""
+    strides, pads, dilations = geometry
+    return strides, [(pads[0], pads[2]), (pads[1], pads[3])], dilations
+
+
 def _windows(x: np.ndarray, kernel: Sequence[int], geometry: tuple[list[int], ...], fill: Any) -> np.ndarray:
     """``(N, C, OH, OW, kh, kw)`` view of every window of the padded 4-d ``x``."""
-    strides, pads, dilations = geometry
-    padded = np.pad(x, ((0, 0), (0, 0), (pads[0], pads[2]), (pads[1], pads[3])), constant_values=fill)
-    span = [(k - 1) * d + 1 for k, d in zip(kernel, dilations, strict=True)]
-    view = sliding_window_view(padded, span, axis=(2, 3))
-    return view[:, :, :: strides[0], :: strides[1], :: dilations[0], :: dilations[1]]
+    return sliding_windows(x, kernel, *_window_args(geometry), fill=fill)
 
 
 def _conv2d(x: np.ndarray, w: np.ndarray, group: int, geometry: tuple[list[int], ...]) -> np.ndarray:
-    """2-d convolution (no bias) by im2col and one float64 matrix product per group."""
-    n, c = x.shape[:2]
-    out_c, cg, kh, kw = w.shape
-    if c != cg * group or out_c % group:
-        raise ValueError(f"Conv: {c} input channels and weights {w.shape} do not fit group={group}")
-    win = _windows(x.astype(np.float64), (kh, kw), geometry, 0.0)
-    oh, ow = win.shape[2:4]
-    cols = win.reshape(n, group, cg, oh, ow, kh, kw).transpose(0, 1, 3, 4, 2, 5, 6).reshape(n, group, oh * ow, -1)
-    weights = w.astype(np.float64).reshape(group, out_c // group, cg * kh * kw).transpose(0, 2, 1)
-    out = np.matmul(cols, weights)  # (n, group, oh*ow, out_c/group)
-    return out.transpose(0, 1, 3, 2).reshape(n, out_c, oh, ow)
+    """2-d convolution without bias: exact int64 for integers, float64 for floats."""
+    return conv_accumulate(x, w, *_window_args(geometry), groups=group)
 
 
 def _float_conv(node: onnx.NodeProto, inputs: list[Any], attrs: dict[str, Any]) -> list[_Value] | None:
@@ -335,10 +247,9 @@ def _float_conv(node: onnx.NodeProto, inputs: list[Any], attrs: dict[str, Any]) 
 # -- integer kernels --------------------------------------------------------------------------
 def _accumulator(acc: np.ndarray, scale: np.ndarray, bias: _Value | None, bias_shape: tuple[int, ...]) -> _Quant:
     """The int32 accumulator plus the bias quantized to its scale (round half to even)."""
-    acc = np.rint(acc).astype(np.int64)  # exact integers already (see the module notes)
+    acc = np.asarray(acc, np.int64)  # exact integers (see the module notes)
     if bias is not None:  # a DQ'd int32 bias on this scale comes back exactly (below 2**24)
-        bias_q = np.rint(np.asarray(_array(bias), np.float64).reshape(-1) / scale.reshape(-1)).astype(np.int64)
-        acc = acc + bias_q.reshape(bias_shape)
+        acc = acc + quantize_bias(np.asarray(_array(bias)).reshape(-1), scale.reshape(-1)).reshape(bias_shape)
     return _Quant(
         acc, scale.reshape(bias_shape) if scale.size > 1 else scale.reshape(()), np.zeros((), np.int64), wide=True
     )
@@ -375,7 +286,7 @@ def _int_gemm(node: onnx.NodeProto, inputs: list[Any], attrs: dict[str, Any], ct
         return None  # let the float reference report the shapes
     n = right.shape[1]
     scale = np.broadcast_to(a.scale.reshape(()) * b.scale.reshape(-1), (n,))
-    acc = left.astype(np.float64) @ right.astype(np.float64)
+    acc = exact_matmul(left, right)
     bias = inputs[2] if len(inputs) > 2 else None
     if bias is not None and int(np.prod(np.shape(_array(bias)))) not in (1, n):
         return None  # a full (M, N) bias: keep it simple, run in float
@@ -392,7 +303,7 @@ def _int_matmul(node: onnx.NodeProto, inputs: list[Any], attrs: dict[str, Any], 
         return None
     if not (b.scalar_params() or (b.q.ndim == 2 and b.varies_only_on([1]))):
         return None
-    acc = np.rint(np.matmul(a.centered().astype(np.float64), b.centered().astype(np.float64))).astype(np.int64)
+    acc = exact_matmul(a.centered(), b.centered())
     return [_Quant(acc, a.scale * b.scale, np.zeros((), np.int64), wide=True)]
 
 
@@ -405,12 +316,8 @@ def _int_add(node: onnx.NodeProto, inputs: list[Any], attrs: dict[str, Any], ctx
     if node.op_type == "Mul":
         return [_Quant(a.centered() * b.centered(), a.scale * b.scale, np.zeros((), np.int64), wide=True)]
     # both to the common scale 2 * max(scales) * 2**-ADD_FRACTION_BITS, then add
-    base = 2.0 * max(float(a.scale.max()), float(b.scale.max()))
-    terms = [
-        _fixed_point(v.centered() << ADD_FRACTION_BITS, *_multipliers(v.scale / base), ctx.rounding) for v in (a, b)
-    ]
-    total = terms[0] + terms[1] if node.op_type == "Add" else terms[0] - terms[1]
-    return [_Quant(total, np.asarray(base * 2.0**-ADD_FRACTION_BITS), np.zeros((), np.int64), wide=True)]
+    total, scale = add_rescale(a.centered(), a.scale, b.centered(), b.scale, ctx.rounding, node.op_type == "Sub")
+    return [_Quant(total, np.asarray(scale), np.zeros((), np.int64), wide=True)]
 
 
 def _add_to_accumulator(acc: _Quant, other: np.ndarray) -> list[_Value] | None:
@@ -421,7 +328,7 @@ def _add_to_accumulator(acc: _Quant, other: np.ndarray) -> list[_Value] | None:
         return None
     with np.errstate(all="ignore"):
         total = acc.q + np.rint(other.astype(np.float64) / acc.scale)
-    if not np.all(np.isfinite(total)) or total.min() < _INT32[0] or total.max() > _INT32[1]:
+    if not np.all(np.isfinite(total)) or total.min() < INT32_RANGE[0] or total.max() > INT32_RANGE[1]:
         return None
     return [replace(acc, q=total.astype(np.int64))]
 
@@ -514,7 +421,7 @@ def _quantize(node: onnx.NodeProto, inputs: list[Any], attrs: dict[str, Any], ct
     if isinstance(x, _Quant):
         y = _requantize_value(x, scale_b, zero_b, int(info.min), int(info.max), ctx.rounding)
     else:
-        y = np.clip(_quantize_float(x, scale_b, zero_b), info.min, info.max)
+        y = np.clip(round_to_grid(x, scale_b, zero_b), info.min, info.max)
     return [y.astype(zero.dtype)]
 
 
