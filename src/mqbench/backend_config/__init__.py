@@ -30,6 +30,7 @@ Example (a backend whose only op is an int8 linear with a minimum scale of 2**-1
 from __future__ import annotations
 
 from mqbench.backend_config.backend_config import BackendConfig, BackendPatternConfig, ObservationType
+from mqbench.backend_config.builtin import get_backend_config
 from mqbench.backend_config.constraints import (
     CONSTRAINT_NAMES,
     ConstraintViolation,
@@ -55,6 +56,8 @@ from mqbench.backend_config.qconfig import (
     default_weight_observer,
 )
 from mqbench.backend_config.qconfig_mapping import QConfigMapping, get_default_qconfig_mapping
+from mqbench.backend_config.quantize_fx import convert_fx, prepare_fx, prepare_qat_fx
+from mqbench.backend_config.report import quantization_report
 
 __all__ = [
     "CONSTRAINT_NAMES",
@@ -76,12 +79,17 @@ __all__ = [
     "QConfigMapping",
     "check_dtype_config",
     "check_pattern",
+    "convert_fx",
     "default_observer",
     "default_qconfig",
     "default_weight_observer",
     "first_matching_dtype_config",
+    "get_backend_config",
     "get_default_qconfig_mapping",
     "observer_info",
     "op_name",
     "pattern_ops",
+    "prepare_fx",
+    "prepare_qat_fx",
+    "quantization_report",
 ]

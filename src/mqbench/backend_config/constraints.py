@@ -242,8 +242,9 @@ def _check_kind(
     observers: _Observers, spec: DTypeWithConstraints, kind: DTypeKind, dynamic: bool | None
 ) -> list[ConstraintViolation]:
     expected = spec.dtype
-    if expected is None or kind == "bias" or (kind == "output" and dynamic):
-        # Bias dtypes follow from the lowering (a qconfig has no bias observer); a dynamic op's output stays float.
+    if expected is None or kind == "bias" or (kind == "output" and (dynamic or expected.is_floating_point)):
+        # Bias dtypes follow from the lowering (a qconfig has no bias observer); a dynamic op's output, and
+        # an output the backend wants in float (quantized inputs only), are not observed.
         return []
     role = _ROLE[kind]
     info = observers.get(role)

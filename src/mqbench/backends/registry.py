@@ -63,6 +63,7 @@ class BackendRegistry(Mapping[str, BackendSpec]):
 
     def __init__(self, specs: Mapping[str, BackendSpec]) -> None:
         self._specs = dict(specs)
+        self._builtin = frozenset(self._specs)
 
     def __getitem__(self, backend: Any) -> BackendSpec:
         key = _key(backend)
@@ -93,17 +94,32 @@ class BackendRegistry(Mapping[str, BackendSpec]):
         self._specs[key] = spec
         return spec
 
+    def unregister(self, name: str) -> None:
+        """Remove a user-registered backend (built-in ones stay); unknown names are ignored."""
+        key = _key(name)
+        if key in self._builtin:
+            raise ValueError(f"{key!r} is a built-in backend and cannot be unregistered")
+        self._specs.pop(key, None)
+
 
 ParamsTable = BackendRegistry({module.SPEC.name: module.SPEC for module in _BUILTIN})
 
 
-def register_backend(name: str, spec: BackendSpec, replace: bool = False) -> BackendSpec:
+def register_backend(name: str, spec: Any, replace: bool = False) -> BackendSpec:
     """Make ``name`` usable everywhere a backend is accepted.
 
+    ``spec`` is a BackendSpec, or a ``mqbench.backend_config.BackendConfig`` (compiled into one:
+    the same engine, deciding per node from its patterns and dtype constraints).
     Registering a taken name raises ValueError unless ``replace``.
     """
     if not isinstance(spec, BackendSpec):
-        raise ValueError(f"register_backend expects a BackendSpec, got {type(spec).__name__}")
+        from mqbench.backend_config import BackendConfig
+
+        if not isinstance(spec, BackendConfig):
+            raise ValueError(f"register_backend expects a BackendSpec or a BackendConfig, got {type(spec).__name__}")
+        from mqbench.backend_config.declared import backend_spec_from_config
+
+        spec = backend_spec_from_config(name, spec)
     return ParamsTable.register(name, spec, replace)
 
 

@@ -173,6 +173,9 @@ class BackendSpec:
     # LSBs a runtime may differ from the simulation on one tensor computed from the same inputs: a
     # rounding tie decided the other way by another float summation order is 1.
     lsb_tolerance: int = 1
+    # A declarative rule set (a mqbench.backend_config.BackendConfig) deciding per node what is
+    # quantized; its model_quantizer reads it. None: the placement decides, by op kind.
+    declared: Any = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "deploy", tuple(self.deploy))

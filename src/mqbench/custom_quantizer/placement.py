@@ -32,13 +32,22 @@ class ActivationSite:
     group: int = -1  # sites of one group share a quantizer module
 
 
+def _never(node: fx.Node) -> bool:
+    return False
+
+
 @dataclass(frozen=True)
 class Rules:
-    """Placement rules plus the user's additions and exclusions, resolved for one model."""
+    """Placement rules plus the user's additions and exclusions, resolved for one model.
+
+    ``quantize_output`` adds nodes whose output is quantized for every reader, by node
+    rather than by op kind (what a declarative backend decides per matched pattern).
+    """
 
     placement: Placement
     quantize_input: Callable[[fx.Node], bool]
     excluded: Callable[[fx.Node], bool]
+    quantize_output: Callable[[fx.Node], bool] = _never
 
 
 def _is_tensor(node: fx.Node, memo: dict[fx.Node, bool]) -> bool:
@@ -191,7 +200,7 @@ def plan_activation_quantizers(
             shared = _tensor_args(node, tensor_memo)
             if len(shared) > 1:
                 shared_groups.append(shared)
-        if kind in placement.outputs_of:
+        if kind in placement.outputs_of or rules.quantize_output(node):
             target = node
             while (user := _single_user(target)) is not None and kinds[user] in placement.passthrough:
                 target = user

@@ -314,12 +314,22 @@ def _verify_qdq(result: Any, feeds: Mapping[str, np.ndarray], run: _Run) -> Arti
     return _compare("onnx", "onnxruntime", values, result.table, result.dequantized, run, result.output_names)
 
 
-def _verify_parameter_file(key: str, result: Any, feeds: Mapping[str, np.ndarray], run: _Run) -> ArtifactReport:
-    from mqbench.backends import resolve_backend
+def _reader(backend: str, key: str) -> Callable[..., Any] | None:
+    """A step's own reader (register_deploy_function(..., reader=...)), else the built-in one."""
+    from mqbench.convert_deploy import deploy_functions
     from mqbench.deploy.writers import READERS
 
+    return deploy_functions.reader(backend, key) or READERS.get(key)
+
+
+def _verify_parameter_file(key: str, result: Any, feeds: Mapping[str, np.ndarray], run: _Run) -> ArtifactReport:
+    from mqbench.backends import resolve_backend
+
     float_model = onnx.load(result.artifacts["deploy_onnx"])
-    read = READERS[key](result.artifacts[key], resolve_backend(result.backend), float_model)
+    reader = _reader(result.backend, key)
+    if reader is None:
+        raise ValueError(f"no reader checks {key!r}")
+    read = reader(result.artifacts[key], resolve_backend(result.backend), float_model)
     entries: dict[str, TensorQParams] = {}
     for tensor, entry in result.table.items():
         source = read.get(tensor)
@@ -423,8 +433,6 @@ def verify_deploy(
     ``artifacts`` limits the keys checked (default: every artifact with a runtime or a reader);
     ``reference=True`` also runs the integer reference executor on the Q/DQ model.
     """
-    from mqbench.deploy.writers import READERS
-
     if isinstance(inputs, Tensor):
         args: list[Tensor] = [inputs]
     elif isinstance(inputs, Mapping):
@@ -437,14 +445,15 @@ def verify_deploy(
     _check_shapes(result, feeds)
     model = _simulation_copy(qmodel)
     run = _Run(model, args, simulate(model, args))
-    keys = [k for k in result.artifacts if k in _RUNNERS or k in READERS] if artifacts is None else list(artifacts)
+    readable = [k for k in result.artifacts if k in _RUNNERS or _reader(result.backend, k) is not None]
+    keys = readable if artifacts is None else list(artifacts)
     reports: dict[str, ArtifactReport] = {}
     for key in keys:
         if key not in result.artifacts:
             raise ValueError(f"the deployment has no {key!r} artifact; it has {sorted(result.artifacts)}")
         if key in _RUNNERS:
             reports[key] = _RUNNERS[key](result, feeds, run)
-        elif key in READERS:
+        elif _reader(result.backend, key) is not None:
             reports[key] = _verify_parameter_file(key, result, feeds, run)
         else:
             raise ValueError(f"no runtime or reader checks {key!r}")

@@ -26,6 +26,7 @@ class Registry(Mapping[str, T], Generic[T]):
     def __init__(self, kind: str, entries: Mapping[str, T]) -> None:
         self._kind = kind
         self._entries: dict[str, T] = dict(entries)
+        self._builtin = frozenset(self._entries)
 
     def __getitem__(self, name: str) -> T:
         try:
@@ -50,6 +51,12 @@ class Registry(Mapping[str, T], Generic[T]):
             raise ValueError(f"{self._kind} name {key!r} is already registered to {existing!r}; pass replace=True")
         self._entries[key] = cls
         return cls
+
+    def unregister(self, name: str) -> None:
+        """Remove a user-registered entry (built-in ones stay); unknown names are ignored."""
+        if name in self._builtin:
+            raise ValueError(f"{name!r} is a built-in {self._kind} and cannot be unregistered")
+        self._entries.pop(name, None)
 
     def resolve(self, spec: str | T) -> T:
         """A class given either itself or its registered name."""

@@ -1,0 +1,230 @@
+"""``prepare_fx`` / ``convert_fx`` with PyTorch's signatures, on mqbench's engine and integer modules.
+
+``prepare_fx`` traces the model, applies the backend's decisions (see
+:mod:`mqbench.backend_config.engine`) and returns a GraphModule in calibration mode:
+observers record, outputs stay float (as PyTorch's prepared models do). ``convert_fx``
+switches the quantizers to quantization and lowers every quantized layer that has both its
+input and output quantizers to its :mod:`mqbench.nn.quantized` module (int8 weights, int32
+bias, integer accumulation, fixed-point requantization), and quantized additions and
+multiplications to ``nnq.Add`` / ``nnq.Mul``. What is not lowered keeps its fake quantizers.
+
+Example:
+    >>> import torch
+    >>> from torch import nn
+    >>> from mqbench.backend_config import (BackendConfig, BackendPatternConfig, DTypeConfig, QConfig,
+    ...     QConfigMapping, default_weight_observer, prepare_fx, convert_fx)
+    >>> from mqbench.observer import MinMaxObserver
+    >>> int8 = DTypeConfig(input_dtype=torch.quint8, output_dtype=torch.quint8, weight_dtype=torch.qint8)
+    >>> backend = BackendConfig("b").set_backend_pattern_config(BackendPatternConfig(nn.Linear).add_dtype_config(int8))
+    >>> qconfig = QConfig(activation=MinMaxObserver.with_args(), weight=default_weight_observer)
+    >>> model = nn.Sequential(nn.Linear(4, 3), nn.Sigmoid())
+    >>> prepared = prepare_fx(model, QConfigMapping().set_global(qconfig), (torch.randn(2, 4),), backend_config=backend)
+    >>> _ = prepared(torch.randn(8, 4))
+    >>> converted = convert_fx(prepared)
+    >>> type(converted.get_submodule("0")).__name__
+    'Linear'
+    >>> converted.get_submodule("0").__module__
+    'mqbench.nn.quantized.linear'
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import operator
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import fx, nn
+
+from mqbench.backend_config.backend_config import BackendConfig
+from mqbench.backend_config.engine import DECISIONS_ATTRIBUTE, apply_backend_config, decisions_of
+from mqbench.backend_config.qconfig_mapping import QConfigMapping
+from mqbench.custom_quantizer.passes import set_submodule
+from mqbench.fake_quantize import QuantizeBase
+from mqbench.nn import quantized as nnq
+from mqbench.nn.intrinsic import qat as nniqat
+from mqbench.nn.qat import modules as nnqat
+from mqbench.utils.state import enable_calibration, enable_quantization
+from mqbench.utils.tracer import trace
+
+__all__ = ["convert_fx", "prepare_fx", "prepare_qat_fx"]
+
+# The integer module of each QAT module (the layer plus its fused ReLU).
+_LOWERED: dict[type, Any] = {
+    nnqat.Linear: nnq.Linear,
+    nniqat.LinearReLU: nnq.LinearReLU,
+    nnqat.Conv1d: nnq.Conv1d,
+    nnqat.Conv2d: nnq.Conv2d,
+    nnqat.Conv3d: nnq.Conv3d,
+    nniqat.ConvReLU1d: nnq.ConvReLU1d,
+    nniqat.ConvReLU2d: nnq.ConvReLU2d,
+    nniqat.ConvReLU3d: nnq.ConvReLU3d,
+    nnqat.ConvTranspose2d: nnq.ConvTranspose2d,
+    nniqat.ConvTransposeReLU2d: nnq.ConvTransposeReLU2d,
+}
+_ELEMENTWISE: dict[Any, Any] = {operator.add: nnq.Add, torch.add: nnq.Add, operator.mul: nnq.Mul, torch.mul: nnq.Mul}
+
+
+def _prepare(
+    model: nn.Module,
+    qconfig_mapping: QConfigMapping,
+    example_inputs: Sequence[Any],
+    backend_config: BackendConfig,
+    is_qat: bool,
+    concrete_args: dict[str, Any] | None,
+) -> fx.GraphModule:
+    if not isinstance(qconfig_mapping, QConfigMapping):
+        raise ValueError(f"qconfig_mapping must be a QConfigMapping, got {type(qconfig_mapping).__name__}")
+    if not isinstance(backend_config, BackendConfig):
+        raise ValueError(f"backend_config must be a BackendConfig, got {type(backend_config).__name__}")
+    if not isinstance(example_inputs, (tuple, list)):
+        raise ValueError("example_inputs must be a tuple of the model's positional inputs")
+    training = model.training
+    graph_module = trace(copy.deepcopy(model).train(is_qat), concrete_args, (), None)
+
+    def qconfig_for(name: str, op: Any, index: int | None) -> Any:
+        return qconfig_mapping.qconfig_for(name, op, index=index)
+
+    prepared = apply_backend_config(graph_module, backend_config, qconfig_for, is_qat)
+    enable_calibration(prepared)
+    return prepared.train(training)
+
+
+def prepare_fx(
+    model: nn.Module,
+    qconfig_mapping: QConfigMapping,
+    example_inputs: Sequence[Any],
+    backend_config: BackendConfig,
+    prepare_custom_config: Any = None,
+    concrete_args: dict[str, Any] | None = None,
+) -> fx.GraphModule:
+    """Post-training quantization: BatchNorm folded, observers on; run calibration data through the result.
+
+    ``example_inputs`` documents the call (tracing is symbolic); ``prepare_custom_config`` is
+    accepted for signature compatibility and must be None.
+    """
+    if prepare_custom_config is not None:
+        raise ValueError("prepare_custom_config is not supported; use concrete_args for tracing options")
+    return _prepare(model, qconfig_mapping, example_inputs, backend_config, False, concrete_args)
+
+
+def prepare_qat_fx(
+    model: nn.Module,
+    qconfig_mapping: QConfigMapping,
+    example_inputs: Sequence[Any],
+    backend_config: BackendConfig,
+    concrete_args: dict[str, Any] | None = None,
+) -> fx.GraphModule:
+    """Quantization-aware training: BatchNorm kept and folded while training; observers on."""
+    return _prepare(model, qconfig_mapping, example_inputs, backend_config, True, concrete_args)
+
+
+def _quantizer(gm: fx.GraphModule, node: Any) -> QuantizeBase | None:
+    if isinstance(node, fx.Node) and node.op == "call_module":
+        module = gm.get_submodule(str(node.target))
+        if isinstance(module, QuantizeBase):
+            return module
+    return None
+
+
+def _output_quantizer_node(gm: fx.GraphModule, node: fx.Node) -> fx.Node | None:
+    users = list(node.users)
+    if len(users) == 1 and _quantizer(gm, users[0]) is not None:
+        return users[0]
+    return None
+
+
+def _bypass_absorbed_inputs(gm: fx.GraphModule, lowered: set[str]) -> None:
+    """Remove input quantizers read only by integer modules (which quantize their input themselves)."""
+    for node in list(gm.graph.nodes):
+        if _quantizer(gm, node) is None or not node.users:
+            continue
+        if all(user.op == "call_module" and str(user.target) in lowered for user in node.users):
+            node.replace_all_uses_with(node.args[0])
+            gm.graph.erase_node(node)
+
+
+def convert_fx(
+    prepared: fx.GraphModule, backend_config: BackendConfig | None = None, convert_custom_config: Any = None
+) -> fx.GraphModule:
+    """The quantized model: integer modules where a layer is quantized on both sides, fake quantizers elsewhere.
+
+    The prepared model is not changed. ``backend_config`` may name a pattern's
+    ``reference_quantized_module`` (an :mod:`mqbench.nn.quantized` class) to lower to.
+    """
+    if not isinstance(prepared, fx.GraphModule):
+        raise ValueError(f"convert_fx expects the GraphModule prepare_fx returned, got {type(prepared).__name__}")
+    if convert_custom_config is not None:
+        raise ValueError("convert_custom_config is not supported")
+    model = copy.deepcopy(prepared).eval()
+    enable_quantization(model)
+    decisions = decisions_of(model)
+    lowered: set[str] = set()
+    # Read every layer's quantizers first: lowering one layer removes the quantizer its reader shares.
+    plans: list[tuple[fx.Node, fx.Node, nn.Module]] = []
+    for node in list(model.graph.nodes):
+        decision = decisions.get(node.name)
+        if decision is None or not decision.quantized:
+            continue
+        output_node = _output_quantizer_node(model, node)
+        output_quantizer = _quantizer(model, output_node)
+        if output_node is None or output_quantizer is None:
+            continue
+        if node.op == "call_module":
+            module = model.get_submodule(str(node.target))
+            target = _reference_module(backend_config, module) or _LOWERED.get(type(module))
+            input_quantizer = _quantizer(model, node.args[0] if node.args else None)
+            if target is not None and input_quantizer is not None:
+                plans.append((node, output_node, target.from_observed(module, input_quantizer, output_quantizer)))
+        elif node.op == "call_function" and node.target in _ELEMENTWISE:
+            quantizers = [_quantizer(model, arg) for arg in node.args[:2]]
+            if len(quantizers) == 2 and None not in quantizers:
+                plans.append(
+                    (node, output_node, _ELEMENTWISE[node.target].from_observed(*quantizers, output_quantizer))
+                )
+    renamed: dict[str, tuple[str, str]] = {}  # old node name -> (new name, reason)
+    for node, output_node, integer in plans:
+        old = node.name
+        if node.op == "call_module":
+            set_submodule(model, str(node.target), integer)
+            lowered.add(str(node.target))
+        else:
+            name = f"{node.name}_integer"
+            model.add_submodule(name, integer)
+            with model.graph.inserting_after(node):
+                replacement = model.graph.call_module(name, node.args[:2])
+            node.replace_all_uses_with(replacement)
+            model.graph.erase_node(node)
+            node = replacement
+            lowered.add(name)
+        # The integer module's output is already on the output grid.
+        output_node.replace_all_uses_with(node)
+        model.graph.erase_node(output_node)
+        renamed[old] = (node.name, f"lowered to {type(integer).__module__}.{type(integer).__qualname__}")
+    decisions = {
+        renamed.get(name, (name, ""))[0]: (
+            dataclasses.replace(d, node=renamed[name][0], reason=renamed[name][1]) if name in renamed else d
+        )
+        for name, d in decisions.items()
+    }
+    _bypass_absorbed_inputs(model, lowered)
+    model.graph.eliminate_dead_code()
+    model.delete_all_unused_submodules()
+    model.graph.lint()
+    model.recompile()
+    model.meta[DECISIONS_ATTRIBUTE] = decisions
+    return model
+
+
+def _reference_module(backend_config: BackendConfig | None, module: nn.Module) -> Any:
+    if backend_config is None:
+        return None
+    for config in backend_config.configs:
+        reference = config.reference_quantized_module
+        if isinstance(reference, type) and issubclass(reference, nnq.QuantizedModule):
+            root = config.qat_module or config.pattern
+            if isinstance(root, type) and isinstance(module, root):
+                return reference
+    return None

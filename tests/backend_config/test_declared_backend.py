@@ -1,0 +1,131 @@
+"""A BackendConfig registered as a backend: prepare_by_platform, convert_deploy and verify_deploy run on it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import mqbench.nn.intrinsic as nni
+from mqbench.backend_config import (
+    BackendConfig,
+    BackendPatternConfig,
+    DTypeConfig,
+    DTypeWithConstraints,
+    ObservationType,
+    quantization_report,
+)
+from mqbench.backends import ParamsTable, register_backend
+from mqbench.convert_deploy import convert_deploy
+from mqbench.deploy.verify import verify_deploy
+from mqbench.fake_quantize import QuantizeBase
+from mqbench.prepare_by_platform import prepare_by_platform
+from mqbench.utils.state import enable_calibration, enable_quantization
+
+ACTIVATION = DTypeWithConstraints(dtype=torch.quint8, scale_min_lower_bound=2**-12)
+INT8 = DTypeConfig(input_dtype=ACTIVATION, output_dtype=ACTIVATION, weight_dtype=torch.qint8, bias_dtype=torch.float)
+
+
+def npu_config() -> BackendConfig:
+    """Conv-ReLU and Linear quantized on both sides; everything else float."""
+    observed = ObservationType.OUTPUT_USE_DIFFERENT_OBSERVER_AS_INPUT
+    return (
+        BackendConfig("declared_npu")
+        .set_backend_pattern_config(BackendPatternConfig((nn.Conv2d, nn.ReLU)).set_fused_module(nni.ConvReLU2d))
+        .set_backend_pattern_config(
+            BackendPatternConfig(nni.ConvReLU2d).set_observation_type(observed).add_dtype_config(INT8)
+        )
+        .set_backend_pattern_config(
+            BackendPatternConfig(nn.Linear).set_observation_type(observed).add_dtype_config(INT8)
+        )
+    )
+
+
+class Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(1, 4, 3, padding=1)
+        self.relu = nn.ReLU()
+        self.pool = nn.AdaptiveAvgPool2d(2)
+        self.fc = nn.Linear(16, 5)
+
+    def forward(self, x):
+        return torch.sigmoid(self.fc(self.pool(self.relu(self.conv(x))).flatten(1)))
+
+
+@pytest.fixture
+def declared_backend():
+    register_backend("declared_npu", npu_config(), replace=True)
+    yield "declared_npu"
+    ParamsTable.unregister("declared_npu")
+
+
+def test_a_registered_backend_config_prepares_deploys_and_verifies(declared_backend, tmp_path):
+    torch.manual_seed(0)
+    qmodel = prepare_by_platform(Net().eval(), declared_backend)
+    quantizers = {name for name, m in qmodel.named_modules() if isinstance(m, QuantizeBase)}
+    # Inputs and outputs of the conv-relu and of the linear, and their two weights; the pool and the
+    # sigmoid have no pattern and get nothing of their own.
+    assert quantizers == {
+        "x_post_act_fake_quantizer",
+        "conv_post_act_fake_quantizer",
+        "flatten_post_act_fake_quantizer",
+        "fc_post_act_fake_quantizer",
+        "conv.weight_fake_quant",
+        "fc.weight_fake_quant",
+    }
+    assert isinstance(qmodel.conv, nni.ConvReLU2d.__mro__[0]) or "ConvReLU2d" in type(qmodel.conv).__name__
+    report = quantization_report(qmodel)
+    assert "pool" in report and "no pattern of the backend matches AdaptiveAvgPool2d" in report
+    enable_calibration(qmodel)
+    with torch.no_grad():
+        qmodel(torch.randn(8, 1, 8, 8))
+    enable_quantization(qmodel)
+    result = convert_deploy(qmodel, declared_backend, {"x": [2, 1, 8, 8]}, output_path=tmp_path)
+    assert sorted(result.artifacts) == ["deploy_onnx", "onnx"]
+    assert len(result.table) == 6
+    verified = verify_deploy(qmodel, result, torch.randn(2, 1, 8, 8))
+    assert verified.max_lsb_diff <= 1
+
+
+def test_register_backend_rejects_other_objects_and_empty_configs():
+    with pytest.raises(ValueError, match="BackendSpec or a BackendConfig"):
+        register_backend("nothing", object())
+    with pytest.raises(ValueError, match="quantizes nothing"):
+        register_backend("empty_npu", BackendConfig("empty"))
+    assert "empty_npu" not in ParamsTable
+
+
+def test_a_builtin_backend_read_back_as_a_backend_config_quantizes_the_same_layers():
+    from mqbench.backend_config import QConfig, QConfigMapping, get_backend_config, prepare_fx
+    from mqbench.backends import resolve_backend
+
+    spec = resolve_backend("tensorrt")
+    own = QConfig(activation=spec.activation.factory(), weight=spec.weight.factory())
+    with pytest.warns(UserWarning, match="left in float"):  # the ops TensorRT leaves in float are reported
+        declared = prepare_fx(
+            Net().eval(),
+            QConfigMapping().set_global(own),
+            (torch.randn(1, 1, 8, 8),),
+            backend_config=get_backend_config("tensorrt"),
+        )
+    builtin = prepare_by_platform(Net().eval(), "tensorrt")
+
+    def quantized_inputs(model):
+        modules = dict(model.named_modules())
+        return sorted(
+            str(user.target)
+            for node in model.graph.nodes
+            if node.op == "call_module" and isinstance(modules[str(node.target)], QuantizeBase)
+            for user in node.users
+        )
+
+    # The conv (fused with its ReLU), the pool and the linear read quantized inputs in both.
+    assert quantized_inputs(declared) == quantized_inputs(builtin)
+    assert "conv" in quantized_inputs(declared) and "fc" in quantized_inputs(declared)
+
+
+def test_get_backend_config_of_a_declared_backend_is_its_config(declared_backend):
+    from mqbench.backend_config import get_backend_config
+
+    assert get_backend_config(declared_backend).name == "declared_npu"
