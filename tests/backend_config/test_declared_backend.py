@@ -129,3 +129,93 @@ def test_get_backend_config_of_a_declared_backend_is_its_config(declared_backend
     from mqbench.backend_config import get_backend_config
 
     assert get_backend_config(declared_backend).name == "declared_npu"
+
+
+class Residual(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(2, 2, 3, padding=1)
+        self.up = nn.ConvTranspose2d(2, 2, 2, stride=2)
+
+    def forward(self, x):
+        return self.up(self.conv(x) + x)
+
+
+def test_convert_fx_lowers_additions_and_transposed_convolutions_within_one_lsb():
+    import operator
+
+    from mqbench.backend_config import QConfig, QConfigMapping, convert_fx, default_weight_observer, prepare_fx
+    from mqbench.nn import quantized as nnq
+    from mqbench.observer import MinMaxObserver
+
+    observed = ObservationType.OUTPUT_USE_DIFFERENT_OBSERVER_AS_INPUT
+    config = BackendConfig("residual")
+    for op in (nn.Conv2d, nn.ConvTranspose2d, operator.add):
+        config.set_backend_pattern_config(
+            BackendPatternConfig(op).set_observation_type(observed).add_dtype_config(INT8)
+        )
+    qconfig = QConfig(activation=MinMaxObserver.with_args(eps=2**-12), weight=default_weight_observer)
+    torch.manual_seed(0)
+    prepared = prepare_fx(Residual().eval(), QConfigMapping().set_global(qconfig), (torch.randn(1, 2, 6, 6),), config)
+    with torch.no_grad():
+        for _ in range(4):
+            prepared(torch.randn(4, 2, 6, 6))
+    converted = convert_fx(prepared)
+    kinds = {type(m) for m in converted.modules()}
+    assert {nnq.Conv2d, nnq.Add, nnq.ConvTranspose2d} <= kinds
+    simulated = copy_in_quantize_mode(prepared)
+    x = torch.randn(8, 2, 6, 6)
+    with torch.no_grad():
+        out, reference = converted(x), simulated(x)
+    lsb = converted.up.scale
+    # One rounding tie may go the other way in each integer layer, and a 1-LSB input step moves the
+    # transposed convolution's output by at most max |w| * (kernel taps) * input LSB: bound it by 3 output LSBs.
+    assert (out - reference).abs().max().item() <= 3 * lsb + 1e-6
+    assert (out == reference).float().mean().item() >= 0.97
+
+
+def copy_in_quantize_mode(prepared):
+    import copy
+
+    from mqbench.utils.state import enable_quantization
+
+    model = copy.deepcopy(prepared).eval()
+    enable_quantization(model)
+    return model
+
+
+def test_prepare_qat_fx_folds_batchnorm_while_training():
+    from mqbench.backend_config import QConfig, QConfigMapping, default_weight_observer, prepare_qat_fx
+    from mqbench.fake_quantize import LearnableFakeQuantize
+    from mqbench.nn.intrinsic.qat import ConvBnReLU2d
+    from mqbench.observer import EMAMinMaxObserver
+    from mqbench.utils.state import enable_calibration
+
+    observed = ObservationType.OUTPUT_USE_DIFFERENT_OBSERVER_AS_INPUT
+    config = (
+        BackendConfig("qat")
+        .set_backend_pattern_config(
+            BackendPatternConfig((nn.Conv2d, nn.BatchNorm2d, nn.ReLU)).set_fused_module(nni.ConvBnReLU2d)
+        )
+        .set_backend_pattern_config(
+            BackendPatternConfig(nni.ConvBnReLU2d).set_observation_type(observed).add_dtype_config(INT8)
+        )
+    )
+    activation = LearnableFakeQuantize.with_args(observer=EMAMinMaxObserver, eps=2**-12)
+    qconfig = QConfig(activation=activation, weight=default_weight_observer)
+    model = nn.Sequential(nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4), nn.ReLU()).train()
+    prepared = prepare_qat_fx(model, QConfigMapping().set_global(qconfig), (torch.randn(2, 1, 6, 6),), config)
+    assert isinstance(prepared.get_submodule("0"), ConvBnReLU2d) and prepared.training
+    enable_calibration(prepared)
+    prepared(torch.randn(4, 1, 6, 6))
+    enable_quantization(prepared)
+    optimizer = torch.optim.SGD(prepared.parameters(), lr=0.05)
+    x, target = torch.randn(16, 1, 6, 6), torch.rand(16, 4, 4, 4)
+    losses = []
+    for _ in range(60):
+        optimizer.zero_grad()
+        loss = torch.nn.functional.mse_loss(prepared(x), target)
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.8 * losses[0]
