@@ -90,7 +90,7 @@ def test_register_backend_takes_a_spec_and_refuses_to_overwrite_silently():
 
     from mqbench.backends import register_backend
 
-    with pytest.raises(ValueError, match="register_backend expects a BackendSpec, got dict"):
+    with pytest.raises(ValueError, match="register_backend expects a BackendSpec or a BackendConfig, got dict"):
         register_backend("mynpu", {"weight": None})
     with pytest.raises(ValueError, match="backend 'tensorrt' is already registered; pass replace=True"):
         register_backend("tensorrt", dataclasses.replace(ParamsTable["tensorrt"], description="changed"))
