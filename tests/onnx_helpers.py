@@ -9,6 +9,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import torch
+from onnx import TensorProto, helper, numpy_helper
 
 # The newest IR version this onnxruntime loads; onnx may stamp a newer one on models it writes.
 ORT_MAX_IR_VERSION = 10
@@ -57,3 +58,23 @@ def reload(module_state: dict) -> dict:
     torch.save(module_state, buffer)
     buffer.seek(0)
     return torch.load(buffer, weights_only=True)
+
+
+def model_of(nodes: list, inputs: dict, outputs: list[str], inits: dict, opset: int = 17) -> onnx.ModelProto:
+    """A hand-built float model: graph inputs shaped like the arrays of ``inputs``, float initializers."""
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, list(v.shape)) for n, v in inputs.items()],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in outputs],
+        [numpy_helper.from_array(np.asarray(v, np.float32), n) for n, v in inits.items()],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+
+def run_exposing(model: onnx.ModelProto, feeds: dict, names: list[str]) -> dict[str, np.ndarray]:
+    """Run ``model`` on onnxruntime and return the tensors ``names`` (intermediate ones become outputs)."""
+    model = onnx.ModelProto.FromString(model.SerializeToString())
+    declared = {v.name for v in model.graph.output}
+    model.graph.output.extend(helper.make_empty_tensor_value_info(n) for n in names if n not in declared)
+    return dict(zip(names, ort_session(model).run(names, feeds), strict=True))

@@ -66,11 +66,15 @@ class DeployResult:
     backend: str
     model_name: str
     artifacts: dict[str, str]
-    params: dict[str, dict[str, Any]]
     table: QParamTable
     input_names: list[str]
     output_names: list[str]
     dequantized: dict[str, str] = field(default_factory=dict)  # tensor -> its dequantized name in `onnx`
+
+    @property
+    def params(self) -> dict[str, dict[str, Any]]:
+        """The per-tensor quantization parameters as plain dicts (``table.to_dict()``)."""
+        return self.table.to_dict()
 
     def __repr__(self) -> str:
         return f"DeployResult({self.backend!r}, artifacts={sorted(self.artifacts)}, {self.table!r})"
@@ -309,6 +313,4 @@ def convert_deploy(
             shutil.move(path, target)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    return DeployResult(
-        spec.name, model_name, artifacts, table.to_dict(), table, input_names, output_names, dequantized
-    )
+    return DeployResult(spec.name, model_name, artifacts, table, input_names, output_names, dequantized)

@@ -10,7 +10,6 @@ from onnx import TensorProto, helper, numpy_helper
 
 from mqbench.backends import resolve_backend
 from mqbench.convert_deploy import DeployContext, convert_merge_bn, convert_onnx
-from mqbench.deploy.onnx_graph import ort_session
 from mqbench.deploy.qdq import insert_qdq
 from mqbench.deploy.table import QParamTable, TensorQParams
 from mqbench.deploy.writers.openvino import (
@@ -23,6 +22,7 @@ from mqbench.deploy.writers.openvino import (
 from mqbench.models import DigitsCNN, resnet18
 from mqbench.prepare_by_platform import prepare_by_platform
 from mqbench.utils.state import enable_calibration, enable_quantization
+from onnx_helpers import model_of, run_exposing
 
 RNG = np.random.default_rng(0)
 
@@ -34,24 +34,6 @@ def _same_data_whatever_runs_first():
 
 def act(scale: float, zero_point: int, low: int, high: int, consumers=None) -> TensorQParams:
     return TensorQParams(np.array([scale]), np.array([zero_point]), low, high, consumers=consumers)
-
-
-def model_of(nodes: list, inputs: dict, outputs: list[str], inits: dict) -> onnx.ModelProto:
-    graph = helper.make_graph(
-        nodes,
-        "g",
-        [helper.make_tensor_value_info(n, TensorProto.FLOAT, list(v.shape)) for n, v in inputs.items()],
-        [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in outputs],
-        [numpy_helper.from_array(np.asarray(v, np.float32), n) for n, v in inits.items()],
-    )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-
-
-def run_ort(model: onnx.ModelProto, feeds: dict, names: list[str]) -> dict[str, np.ndarray]:
-    model = onnx.ModelProto.FromString(model.SerializeToString())
-    declared = {v.name for v in model.graph.output}
-    model.graph.output.extend(helper.make_empty_tensor_value_info(n) for n in names if n not in declared)
-    return dict(zip(names, ort_session(model).run(names, feeds), strict=True))
 
 
 def save(model: onnx.ModelProto, path) -> str:
@@ -80,7 +62,7 @@ def test_fake_quantize_rounds_half_to_even_from_input_low(tmp_path, low, high):
     steps = np.clip(np.rint((x - low * scale) / scale), 0, high - low)  # half to even from input_low
     np.testing.assert_array_equal(got, ((steps + low) * scale).astype(np.float32))
     qdq, dequantized = insert_qdq(model, table)
-    reference = run_ort(qdq, {"x": x}, [dequantized["x"]])[dequantized["x"]]
+    reference = run_exposing(qdq, {"x": x}, [dequantized["x"]])[dequantized["x"]]
     diff = lsb_diff(got, reference, entry)
     ties = np.abs(x / scale - np.round(x / scale)) == 0.5
     assert diff.max() <= 1 and not diff[~ties].any()
@@ -164,7 +146,7 @@ def parity(float_model: onnx.ModelProto, table: QParamTable, x: np.ndarray, fold
     qdq, dequantized = insert_qdq(float_model, table)
     fq_model, quantized = to_openvino(float_model, table)
     acts = [t for t in table if table[t].kind == "activation"]
-    reference = run_ort(qdq, {"x": x}, [dequantized[t] for t in acts])
+    reference = run_exposing(qdq, {"x": x}, [dequantized[t] for t in acts])
     if not local:
         path = save(fq_model, folder / "fq.onnx")
         got = run_openvino(path, {"x": x}, [quantized[t] for t in acts])
@@ -268,5 +250,5 @@ def test_write(tmp_path):
     assert len(fake_quantize_outputs(saved, table)) == len(table)
     x = np.random.default_rng(2).standard_normal((1, 1, 8, 8)).astype(np.float32)
     out = run_openvino(path, {"x": x})["output"]
-    reference = run_ort(qdq, {"x": x}, ["output"])["output"]
+    reference = run_exposing(qdq, {"x": x}, ["output"])["output"]
     np.testing.assert_allclose(out, reference, atol=0.05 * np.abs(reference).max())

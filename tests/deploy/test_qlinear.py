@@ -8,17 +8,17 @@ import numpy as np
 import onnx
 import pytest
 import torch
-from onnx import TensorProto, helper, numpy_helper
+from onnx import helper, numpy_helper
 
 from mqbench.backends import resolve_backend
 from mqbench.convert_deploy import DeployContext, convert_merge_bn, convert_onnx
-from mqbench.deploy.onnx_graph import ort_session
 from mqbench.deploy.qdq import insert_qdq
 from mqbench.deploy.qlinear import CONTRIB_DOMAIN, exposed_tensors, to_qlinear, write
 from mqbench.deploy.table import QParamTable, TensorQParams
 from mqbench.models import DigitsCNN, mobilenet_v2, resnet18
 from mqbench.prepare_by_platform import prepare_by_platform
 from mqbench.utils.state import enable_calibration, enable_quantization
+from onnx_helpers import model_of, run_exposing
 
 RNG = np.random.default_rng(0)
 
@@ -40,25 +40,6 @@ def weight(values: np.ndarray, low: int, high: int, per_channel: bool, axis: int
     return TensorQParams(span / ((high - low) / 2), zero, low, high, axis=axis if per_channel else None, kind="weight")
 
 
-def model_of(nodes: list, inputs: dict, outputs: list[str], inits: dict) -> onnx.ModelProto:
-    graph = helper.make_graph(
-        nodes,
-        "g",
-        [helper.make_tensor_value_info(n, TensorProto.FLOAT, list(v.shape)) for n, v in inputs.items()],
-        [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in outputs],
-        [numpy_helper.from_array(np.asarray(v, np.float32), n) for n, v in inits.items()],
-    )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-
-
-def run(model: onnx.ModelProto, feeds: dict, names: list[str]) -> dict[str, np.ndarray]:
-    model = onnx.ModelProto.FromString(model.SerializeToString())
-    declared = {v.name for v in model.graph.output}
-    model.graph.output.extend(helper.make_empty_tensor_value_info(n) for n in names if n not in declared)
-    session = ort_session(model)
-    return dict(zip(names, session.run(names, feeds), strict=True))
-
-
 def integer_parity(model: onnx.ModelProto, table: QParamTable, feeds: dict, local: bool = False, **options: str):
     """QLinear vs Q/DQ on onnxruntime over every integer tensor: (QLinear model, max LSB difference, exact fraction).
 
@@ -76,8 +57,8 @@ def integer_parity(model: onnx.ModelProto, table: QParamTable, feeds: dict, loca
         reference[tensor] = node.input[0], int(inits[node.input[2]]) if table[tensor].kind == "activation" else 0
     acts = [t for t in integers if table[t].kind == "activation"]
     outputs = [v.name for v in qdq.graph.output]
-    ref = run(qdq, feeds, outputs + [reference[t][0] for t in acts])
-    got = run(qlinear, feeds, outputs + [integers[t][0] for t in acts])
+    ref = run_exposing(qdq, feeds, outputs + [reference[t][0] for t in acts])
+    got = run_exposing(qlinear, feeds, outputs + [integers[t][0] for t in acts])
     if local:
         got = _local_values(
             qlinear,
@@ -135,7 +116,7 @@ def _local_values(qlinear, integers, acts, centred, feeds, full) -> dict[str, np
             list({i: constants[i] for n in nodes.values() for i in n.input if i in constants}.values()),
         )
         sub = helper.make_model(graph, opset_imports=list(qlinear.opset_import))
-        values[target] = run(sub, local_feeds, [target])[target]
+        values[target] = run_exposing(sub, local_feeds, [target])[target]
     return values
 
 
@@ -193,7 +174,7 @@ def test_qlinear_conv_matches_integer_formula(case, activation_type, relu):
     counts = op_counts(qlinear)
     assert counts["QLinearConv"] == 1 and counts["Conv"] == 0 and counts["Relu"] == 0
     name, scale, zero = integers["y"]
-    got = run(qlinear, {"x": x}, [name])[name].astype(np.int64) - zero
+    got = run_exposing(qlinear, {"x": x}, [name])[name].astype(np.int64) - zero
     expected = reference_conv(x, x_entry, w, w_entry, bias, y_entry, relu) - int(y_entry.zero_point[0])
     assert scale == pytest.approx(float(y_entry.scale[0]))
     assert np.abs(got - expected).max() <= 1
@@ -369,7 +350,7 @@ def test_unquantized_operands_stay_float_and_run():
     qlinear, _, _ = integer_parity(model, table, feeds)
     counts = op_counts(qlinear)
     assert counts["Conv"] == 1 and counts["Add"] == 1 and counts["QLinearConv"] == 0
-    np.testing.assert_array_equal(run(qlinear, feeds, ["y"])["y"], run(qdq, feeds, ["y"])["y"])
+    np.testing.assert_array_equal(run_exposing(qlinear, feeds, ["y"])["y"], run_exposing(qdq, feeds, ["y"])["y"])
 
 
 def test_options_and_errors():

@@ -16,7 +16,6 @@ __all__ = [
     "consumers_of",
     "eliminate_dead_nodes",
     "initializer_map",
-    "load_model",
     "ort_session",
     "producers_of",
     "save_model",
@@ -25,10 +24,6 @@ __all__ = [
 
 # The newest IR version the supported onnxruntime releases load (onnx may stamp a newer one).
 ORT_MAX_IR_VERSION = 10
-
-
-def load_model(path: str | Path) -> onnx.ModelProto:
-    return onnx.load(str(path))
 
 
 def save_model(model: onnx.ModelProto, path: str | Path) -> str:

@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import onnx
 import torch
 from torch import Tensor, nn
@@ -286,13 +285,3 @@ def _readable_names(graph: onnx.GraphProto, entries: dict[str, TensorQParams]) -
         if value.name.startswith((_IN, _OUT)):
             raise RuntimeError(f"a mark output survived stripping: {value.name}")
     return renamed
-
-
-def clip_reference(values: np.ndarray, entry: TensorQParams) -> np.ndarray:
-    """``values`` clipped to the float image of the entry's integer range (per channel along its axis)."""
-    low, high = entry.float_range()
-    if entry.axis is None:
-        return np.clip(values, low, high)
-    shape = [1] * values.ndim
-    shape[entry.axis] = -1
-    return np.clip(values, np.reshape(low, shape), np.reshape(high, shape))
