@@ -61,7 +61,7 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -82,8 +82,9 @@ from mqbench.nn.quantized.functional import (
     round_to_grid,
     sliding_windows,
 )
+from mqbench.nn.quantized.saturation import PairSaturation, conv_saturation_correction, pair_saturation_correction
 
-__all__ = ["ADD_FRACTION_BITS", "ROUNDINGS", "requantize", "requantize_multiplier", "run_reference"]
+__all__ = ["ADD_FRACTION_BITS", "ROUNDINGS", "requantize", "requantize_multiplier", "run_reference", "saturated_layers"]
 
 _SHAPE_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Slice", "Expand", "Tile"})
 
@@ -102,6 +103,7 @@ class _Quant:
     clamps: tuple[tuple[np.ndarray, np.ndarray], ...] = ()
     wide: bool = False
     dtype: Any = np.float32
+    signed: bool = True  # the integer container's signedness (int8 vs uint8)
 
     @property
     def narrow(self) -> bool:
@@ -142,8 +144,36 @@ _Value = np.ndarray | _Quant
 class _Context:
     rounding: str
     opsets: Sequence[onnx.OperatorSetIdProto]
+    apply: PairSaturation | None = None  # computes convolutions and matrix products as this kernel does
+    record: tuple[PairSaturation, ...] = ()  # records where these kernels would change the accumulator
+    saturated: dict[str, dict[str, float]] = field(default_factory=dict)  # runtime -> node -> changed fraction
+
+    def saturate(
+        self, node: onnx.NodeProto, acc: np.ndarray, x: _Quant, w: _Quant, correction: _Correction
+    ) -> np.ndarray:
+        """``acc`` with the applied model's pair-saturation correction; records every model's.
+
+        ``correction(raw_x, raw_fill, layout)`` computes one model's correction from the kernel's
+        unsigned activation operand ``raw_x`` (padded with ``raw_fill``).
+        """
+        if x.wide or w.wide or not w.signed or np.any(w.zero_point != 0):
+            return acc
+        models = dict.fromkeys((*self.record, *((self.apply,) if self.apply else ())))
+        for model in models:
+            raw = model.raw_activation(x.q, x.signed)
+            if raw is None:
+                continue
+            fill = int(model.raw_activation(x.zero_point.reshape(()), x.signed))  # type: ignore[arg-type]
+            delta = correction(raw, fill, model.layout)
+            changed = float(np.count_nonzero(delta)) / max(delta.size, 1)
+            if changed and model in self.record:
+                self.saturated.setdefault(model.runtime, {})[node.name or node.output[0]] = changed
+            if model == self.apply:
+                acc = acc + delta
+        return acc
 
 
+_Correction = Callable[[np.ndarray, int, str], np.ndarray]
 _Handler = Callable[[onnx.NodeProto, list[Any], dict[str, Any], _Context], "list[_Value] | None"]
 
 
@@ -264,7 +294,13 @@ def _int_conv(node: onnx.NodeProto, inputs: list[Any], attrs: dict[str, Any], ct
     geometry = _geometry(attrs, x.q.shape[2:], w.q.shape[2:])
     if geometry is None:
         return None
-    acc = _conv2d(x.centered(), w.centered(), int(attrs.get("group", 1)), geometry)
+    group = int(attrs.get("group", 1))
+    acc = _conv2d(x.centered(), w.centered(), group, geometry)
+    if ctx.apply or ctx.record:
+        args = _window_args(geometry)
+        acc = ctx.saturate(
+            node, acc, x, w, lambda raw, fill, layout: conv_saturation_correction(raw, w.q, *args, group, fill, layout)
+        )
     out_c = w.q.shape[0]
     scale = np.broadcast_to(x.scale.reshape(()) * w.scale.reshape(-1), (out_c,))
     bias = inputs[2] if len(inputs) > 2 else None
@@ -287,6 +323,16 @@ def _int_gemm(node: onnx.NodeProto, inputs: list[Any], attrs: dict[str, Any], ct
     n = right.shape[1]
     scale = np.broadcast_to(a.scale.reshape(()) * b.scale.reshape(-1), (n,))
     acc = exact_matmul(left, right)
+    if ctx.apply or ctx.record:
+        raw_right = b.q.T if trans_b else b.q
+        transpose = bool(attrs.get("transA", 0))
+        acc = ctx.saturate(
+            node,
+            acc,
+            a,
+            b,
+            lambda raw, fill, layout: _matmul_correction(raw.T if transpose else raw, raw_right, layout),
+        )
     bias = inputs[2] if len(inputs) > 2 else None
     if bias is not None and int(np.prod(np.shape(_array(bias)))) not in (1, n):
         return None  # a full (M, N) bias: keep it simple, run in float
@@ -304,7 +350,16 @@ def _int_matmul(node: onnx.NodeProto, inputs: list[Any], attrs: dict[str, Any], 
     if not (b.scalar_params() or (b.q.ndim == 2 and b.varies_only_on([1]))):
         return None
     acc = exact_matmul(a.centered(), b.centered())
+    if (ctx.apply or ctx.record) and b.q.ndim == 2:
+        acc = ctx.saturate(node, acc, a, b, lambda raw, fill, layout: _matmul_correction(raw, b.q, layout))
     return [_Quant(acc, a.scale * b.scale, np.zeros((), np.int64), wide=True)]
+
+
+def _matmul_correction(left: np.ndarray, right: np.ndarray, layout: str) -> np.ndarray:
+    """Pair saturation's correction of ``left @ right`` (``right`` 2-d): pairs along the reduction."""
+    rows = left.reshape(-1, 1, left.shape[-1])
+    correction = pair_saturation_correction(rows, right[None], layout)
+    return correction.reshape(*left.shape[:-1], right.shape[-1])
 
 
 def _int_add(node: onnx.NodeProto, inputs: list[Any], attrs: dict[str, Any], ctx: _Context) -> list[_Value] | None:
@@ -435,7 +490,8 @@ def _dequantize(node: onnx.NodeProto, inputs: list[Any], attrs: dict[str, Any], 
     axis = int(attrs.get("axis", 1))
     scale_b = _param(scale, axis, q.ndim).astype(np.float64)
     zero_b = _param(zero, axis, q.ndim).astype(np.int64)
-    return [_Quant(q.astype(np.int64), scale_b, zero_b, wide=q.dtype.itemsize > 1, dtype=scale.dtype)]
+    signed = bool(np.issubdtype(q.dtype, np.signedinteger))
+    return [_Quant(q.astype(np.int64), scale_b, zero_b, wide=q.dtype.itemsize > 1, dtype=scale.dtype, signed=signed)]
 
 
 def _shape_op(node: onnx.NodeProto, inputs: list[Any], attrs: dict[str, Any], ctx: _Context) -> list[_Value] | None:
@@ -460,6 +516,7 @@ def run_reference(
     inputs: Mapping[str, np.ndarray],
     outputs: Sequence[str] | None = None,
     rounding: str = "half_up",
+    saturation: PairSaturation | None = None,
 ) -> dict[str, np.ndarray]:
     """Run a Q/DQ model the way integer hardware does; return the requested tensors (graph outputs by default).
 
@@ -469,11 +526,41 @@ def run_reference(
     (``acc * x_scale * w_scale``). Inputs are cast to the model's declared element types.
     ``rounding`` settles exact ties in the fixed-point requantization (see :func:`requantize`);
     ``"half_even"`` reproduces the float graph's ties, the default ``"half_up"`` the usual hardware.
+    ``saturation`` (a :class:`~mqbench.nn.quantized.saturation.PairSaturation`) computes the
+    integer convolutions and matrix products as a CPU without VNNI does, with 16-bit pair sums.
     """
-    if rounding not in ROUNDINGS:
-        raise ValueError(f"rounding must be one of {ROUNDINGS}, got {rounding!r}")
+    env, _ = _execute(qdq_model, inputs, outputs, _Context(rounding, (), saturation))
+    return env
+
+
+def saturated_layers(
+    qdq_model: onnx.ModelProto,
+    inputs: Mapping[str, np.ndarray],
+    saturations: Sequence[PairSaturation],
+    outputs: Sequence[str] = (),
+    rounding: str = "half_even",
+) -> tuple[dict[str, dict[str, float]], dict[str, np.ndarray]]:
+    """Where CPUs without VNNI would compute this deployment differently: a prediction on any host.
+
+    One exact run of the integer reference (its ``outputs`` are returned too) that records, for each
+    kernel model in ``saturations`` (see :mod:`mqbench.nn.quantized.saturation`), the nodes whose
+    accumulator 16-bit pair saturation would change on these inputs: ``{runtime: {node: fraction}}``.
+    """
+    ctx = _Context(rounding, (), None, tuple(saturations))
+    env, ctx = _execute(qdq_model, inputs, outputs, ctx)
+    return {model.runtime: dict(ctx.saturated.get(model.runtime, {})) for model in saturations}, env
+
+
+def _execute(
+    qdq_model: onnx.ModelProto,
+    inputs: Mapping[str, np.ndarray],
+    outputs: Sequence[str] | None,
+    ctx: _Context,
+) -> tuple[dict[str, np.ndarray], _Context]:
+    if ctx.rounding not in ROUNDINGS:
+        raise ValueError(f"rounding must be one of {ROUNDINGS}, got {ctx.rounding!r}")
     graph = qdq_model.graph
-    ctx = _Context(rounding, list(qdq_model.opset_import))
+    ctx = replace(ctx, opsets=list(qdq_model.opset_import))
     env: dict[str, _Value] = {init.name: numpy_helper.to_array(init) for init in graph.initializer}
     for value in graph.input:
         if value.name in inputs:
@@ -508,4 +595,4 @@ def run_reference(
         for name, result in zip(node.output, results, strict=True):
             if name:
                 env[name] = result
-    return {name: _array(env[name]) for name in wanted}
+    return {name: _array(env[name]) for name in wanted}, ctx

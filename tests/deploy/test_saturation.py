@@ -1,0 +1,265 @@
+"""The 16-bit pair-saturation model of int8 CPU kernels without VNNI, against hand-computed cases and real runtimes.
+
+Everywhere: the kernels equal a brute-force loop over product pairs written here, and a hand-computed case.
+Against onnxruntime and OpenVINO: on a host whose int8 kernels saturate (``host_facts()["int8_pairs_saturate"]``:
+x86 with AVX2 and no VNNI) the model reproduces the runtimes' integers; on any other host the runtimes
+agree with exact accumulation. Both are asserted on every host, the branch chosen by the host facts.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from mqbench.deploy.onnx_graph import ort_session
+from mqbench.deploy.reference import run_reference, saturated_layers
+from mqbench.nn.quantized.functional import conv_accumulate
+from mqbench.nn.quantized.saturation import (
+    ONEDNN_AVX2,
+    ORT_MLAS_AVX2,
+    PairSaturation,
+    conv_saturation_correction,
+    pair_saturation_correction,
+)
+from mqbench.utils.host import host_facts, int8_pairs_saturate
+
+SATURATES = int8_pairs_saturate()
+
+
+def _sat16(v: int) -> int:
+    return max(-32768, min(32767, v))
+
+
+def _brute_conv(x: np.ndarray, w: np.ndarray, pad: int, fill: int, layout: str, groups: int = 1) -> np.ndarray:
+    """Saturating accumulation by explicit loops: each output sums sat16(p0 + p1) over its product pairs."""
+    n, c, h, _ = x.shape
+    o, cg, k, _ = w.shape
+    xp = np.pad(x.astype(np.int64), ((0, 0), (0, 0), (pad, pad), (pad, pad)), constant_values=fill)
+    out_h = xp.shape[2] - k + 1
+    per_group = o // groups
+    acc = np.zeros((n, o, out_h, out_h), np.int64)
+    for b in range(n):
+        for oc in range(o):
+            g = oc // per_group
+            for i in range(out_h):
+                for j in range(out_h):
+                    patch = xp[b, g * cg : (g + 1) * cg, i : i + k, j : j + k]
+                    weights = w[oc].astype(np.int64)
+                    if layout == "flat":  # (kh, kw, c) flattened, pairs across taps
+                        products = list((patch.transpose(1, 2, 0) * weights.transpose(1, 2, 0)).reshape(-1))
+                        products += [0] * (len(products) % 2)
+                        pairs = [(products[t], products[t + 1]) for t in range(0, len(products), 2)]
+                    else:  # channel pairs within each tap
+                        pairs = []
+                        for r in range(k):
+                            for s in range(k):
+                                tap = list(patch[:, r, s] * weights[:, r, s]) + [0] * (cg % 2)
+                                pairs += [(tap[t], tap[t + 1]) for t in range(0, len(tap), 2)]
+                    acc[b, oc, i, j] = sum(_sat16(int(a) + int(b_)) for a, b_ in pairs)
+    return acc
+
+
+def test_hand_computed_pair():
+    # 200 * 127 + 250 * 127 = 57150 saturates to 32767; 3 * 127 + 4 * 127 = 889 does not
+    cols = np.array([[[200, 250]], [[3, 4]]])
+    weights = np.array([[[127], [127]]])
+    correction = pair_saturation_correction(cols, weights, "flat")
+    assert correction[:, 0].tolist() == [32767 - 57150, 0]
+    # an odd channel count: "flat" pairs across the two taps, "tap" pads each tap's channels
+    cols = np.array([[[255, 255, 255], [255, 255, 255]]])  # one row, 2 taps x 3 channels
+    weights = np.full((2, 3, 1), 127)
+    flat = int(pair_saturation_correction(cols, weights, "flat")[0, 0])
+    tap = int(pair_saturation_correction(cols, weights, "tap")[0, 0])
+    assert flat == 3 * (32767 - 2 * 255 * 127)  # three full pairs
+    assert tap == 2 * (32767 - 2 * 255 * 127)  # one full pair per tap, the third channel alone
+
+
+@pytest.mark.parametrize("layout", ["flat", "tap"])
+@pytest.mark.parametrize(("channels", "kernel", "pad", "groups"), [(3, 3, 1, 1), (5, 3, 0, 1), (8, 1, 0, 1), (4, 3, 1, 2)])
+def test_conv_correction_equals_brute_force(layout, channels, kernel, pad, groups):
+    rng = np.random.default_rng(channels * 10 + kernel + pad)
+    x = rng.integers(0, 256, (2, channels, 5, 5))
+    w = rng.choice([-128, -127, -90, 3, 100, 127], size=(4, channels // groups, kernel, kernel))
+    fill = 7
+    padded_exact = conv_accumulate(
+        np.pad(x, ((0, 0), (0, 0), (pad, pad), (pad, pad)), constant_values=fill), w, groups=groups
+    )
+    got = padded_exact + conv_saturation_correction(x, w, padding=pad, groups=groups, fill=fill, layout=layout)
+    np.testing.assert_array_equal(got, _brute_conv(x, w, pad, fill, layout, groups))
+    assert got.shape == (2, 4, 5 + 2 * pad - kernel + 1, 5 + 2 * pad - kernel + 1)
+
+
+def test_seven_bit_weights_and_depthwise_never_saturate():
+    rng = np.random.default_rng(3)
+    x = np.full((1, 6, 4, 4), 255)
+    w7 = rng.integers(-64, 64, (5, 6, 3, 3))
+    assert not conv_saturation_correction(x, w7, padding=1).any()
+    w7[:, :, 0, 0] = -64  # the extremes of [-64, 63]: 2 * 255 * 64 = 32640 < 32767
+    assert not conv_saturation_correction(x, w7, padding=1, layout="tap").any()
+    depthwise = np.full((6, 1, 3, 3), 127)
+    assert not conv_saturation_correction(x, depthwise, padding=1, groups=6).any()
+    assert conv_saturation_correction(x, np.full((1, 6, 3, 3), 127), padding=1).any()
+
+
+def test_layout_is_validated():
+    with pytest.raises(ValueError, match="layout"):
+        PairSaturation("x", "rows", None)
+    with pytest.raises(ValueError, match="layout"):
+        pair_saturation_correction(np.zeros((1, 1, 2)), np.zeros((1, 2, 1)), "rows")
+
+
+# -- real runtimes --------------------------------------------------------------------------------
+def _init(name: str, value, dtype) -> onnx.TensorProto:
+    return numpy_helper.from_array(np.asarray(value, dtype), name)
+
+
+def _qdq_conv(
+    weight: np.ndarray, channels: int, act_dtype, zero_point: int, group: int = 1, op: str = "Conv"
+) -> onnx.ModelProto:
+    """Q(x) -> DQ -> Conv/MatMul with DQ(int8 weight) -> Q: the pattern onnxruntime fuses into an int8 kernel."""
+    out_zero = 128 if act_dtype == np.uint8 else 0
+    inits = [
+        _init("xs", 0.02, np.float32),
+        _init("xz", zero_point, act_dtype),
+        _init("w", weight, np.int8),
+        _init("ws", 0.01, np.float32),
+        _init("wz", 0, np.int8),
+        _init("ys", 0.5, np.float32),
+        _init("yz", out_zero, act_dtype),
+    ]
+    compute = (
+        helper.make_node("Conv", ["xd", "wd"], ["c"], pads=[1, 1, 1, 1], group=group)
+        if op == "Conv"
+        else helper.make_node("MatMul", ["xd", "wd"], ["c"])
+    )
+    nodes = [
+        helper.make_node("QuantizeLinear", ["x", "xs", "xz"], ["xq"]),
+        helper.make_node("DequantizeLinear", ["xq", "xs", "xz"], ["xd"]),
+        helper.make_node("DequantizeLinear", ["w", "ws", "wz"], ["wd"]),
+        compute,
+        helper.make_node("QuantizeLinear", ["c", "ys", "yz"], ["yq"]),
+    ]
+    shape = [2, channels, 7, 7] if op == "Conv" else [6, channels]
+    elem = helper.np_dtype_to_tensor_dtype(np.dtype(act_dtype))
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+        [helper.make_tensor_value_info("yq", elem, None)],
+        inits,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+ORT_CASES = [
+    pytest.param(3, np.uint8, 0, 1, "Conv", id="u8-c3"),
+    pytest.param(8, np.uint8, 5, 1, "Conv", id="u8-c8-zp5"),
+    pytest.param(5, np.uint8, 100, 1, "Conv", id="u8-c5-zp100"),
+    pytest.param(8, np.uint8, 0, 2, "Conv", id="u8-grouped"),
+    pytest.param(8, np.uint8, 0, 8, "Conv", id="u8-depthwise"),
+    pytest.param(4, np.uint8, 0, 4, "Conv", id="u8-depthwise-multiplier4"),
+    pytest.param(8, np.int8, 0, 1, "Conv", id="s8-c8"),
+    pytest.param(33, np.uint8, 3, 1, "MatMul", id="u8-matmul"),
+]
+
+
+@pytest.mark.parametrize(("channels", "act_dtype", "zero_point", "group", "op"), ORT_CASES)
+def test_onnxruntime_int8_kernels_follow_the_model(channels, act_dtype, zero_point, group, op):
+    rng = np.random.default_rng(channels + group)
+    outputs = channels if group == channels == 8 else 16  # 8 groups of 8: depthwise; 4 groups to 16: multiplier 4
+    shape = (outputs, channels // group, 3, 3) if op == "Conv" else (channels, 10)
+    weight = rng.choice([-127, 127, -101, 120, 3], size=shape).astype(np.int8)
+    model = _qdq_conv(weight, channels, act_dtype, zero_point, group, op)
+    low = 0.0 if act_dtype == np.uint8 else -2.5
+    x = rng.uniform(low, low + 5.0, [2, channels, 7, 7] if op == "Conv" else [6, channels]).astype(np.float32)
+    served = ort_session(model, optimize=True).run(None, {"x": x})[0].astype(np.int64)
+    written = ort_session(model, optimize=False).run(None, {"x": x})[0].astype(np.int64)
+    exact = run_reference(model, {"x": x}, ["yq"], rounding="half_even")["yq"].astype(np.int64)
+    modelled = run_reference(model, {"x": x}, ["yq"], rounding="half_even", saturation=ORT_MLAS_AVX2)["yq"]
+    assert np.abs(exact - written).max() <= 1  # the artifact's arithmetic: host-independent
+    predicted = saturated_layers(model, {"x": x}, [ORT_MLAS_AVX2])[0]["onnxruntime"]
+    # the prediction is host-independent: signed activations and depthwise kernels never saturate
+    assert bool(predicted) == (act_dtype == np.uint8 and not (group == channels == outputs))
+    if SATURATES:
+        assert np.abs(modelled.astype(np.int64) - served).max() <= 1
+        if predicted:
+            assert np.abs(exact - served).max() > 1  # the divergence is real on this host, and modelled
+    else:
+        assert np.abs(exact - served).max() <= 1
+
+
+def _fake_quantize_conv(weight: np.ndarray, channels: int, signed: bool) -> onnx.ModelProto:
+    def fq(x: str, low: str, high: str, out: str, levels: int) -> onnx.NodeProto:
+        return helper.make_node(
+            "FakeQuantize", [x, low, high, low, high], [out], domain="org.openvinotoolkit", levels=levels
+        )
+
+    xs, ws, ys = 0.02, 0.01, 0.5
+    low = -128 * xs if signed else 0.0
+    inits = [
+        _init("al", low, np.float32),
+        _init("ah", low + 255 * xs, np.float32),
+        _init("w", weight * ws, np.float32),
+        _init("wl", -127 * ws, np.float32),
+        _init("wh", 127 * ws, np.float32),
+        _init("yl", -128 * ys, np.float32),
+        _init("yh", 127 * ys, np.float32),
+    ]
+    nodes = [
+        fq("x", "al", "ah", "xq", 256),
+        fq("w", "wl", "wh", "wq", 255),
+        helper.make_node("Conv", ["xq", "wq"], ["y"], pads=[1, 1, 1, 1]),
+        fq("y", "yl", "yh", "yq", 256),
+        helper.make_node("Relu", ["yq"], ["out"]),
+    ]
+    outputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("out", "yq")]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, channels, 7, 7])], outputs, inits
+    )
+    return helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("org.openvinotoolkit", 1)]
+    )
+
+
+@pytest.mark.parametrize(("channels", "signed"), [(3, False), (8, False), (5, False), (8, True)])
+def test_openvino_int8_kernels_follow_the_model(channels, signed):
+    from mqbench.deploy.writers.openvino import run_openvino
+
+    rng = np.random.default_rng(channels)
+    weight = rng.choice([-127, 127, -101, 120, 3], size=(8, channels, 3, 3)).astype(np.float32)
+    model = _fake_quantize_conv(weight, channels, signed)
+    low = -2.5 if signed else 0.0
+    x = rng.uniform(low, low + 5.0, (1, channels, 7, 7)).astype(np.float32)
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "fq.onnx"
+        onnx.save(model, str(path))
+        served = np.rint(run_openvino(path, {"x": x}, ["yq"])["yq"] / 0.5).astype(np.int64)
+    # the same layer in integers: q on the activation grid (real value q * 0.02), exact or through the kernel model
+    q = np.clip(np.rint(x / 0.02), -128 if signed else 0, 127 if signed else 255).astype(np.int64)
+    w = weight.astype(np.int64)
+    exact = conv_accumulate(q, w, padding=1)
+    raw = ONEDNN_AVX2.raw_activation(q, signed)
+    fill = int(ONEDNN_AVX2.raw_activation(np.array(0), signed))
+    modelled = exact + conv_saturation_correction(raw, w, padding=1, fill=fill, layout=ONEDNN_AVX2.layout)
+
+    def requantize(acc: np.ndarray) -> np.ndarray:
+        return np.clip(np.rint(acc * (0.02 * 0.01 / 0.5)), -128, 127)
+
+    if SATURATES:
+        assert np.abs(requantize(modelled) - served).max() <= 1
+        assert np.abs(requantize(exact) - served).max() > 1
+    else:
+        assert np.abs(requantize(exact) - served).max() <= 1
+
+
+def test_host_facts_shape():
+    facts = host_facts()
+    assert set(facts) >= {"machine", "processor", "isa", "vnni", "int8_pairs_saturate", "runtimes"}
+    assert facts["runtimes"]["onnxruntime"]
+    if facts["int8_pairs_saturate"]:
+        assert "avx2" in facts["isa"] and not facts["vnni"]
