@@ -13,4 +13,5 @@ SPEC = BackendSpec(
     placement=QLINEAR,
     description="onnxruntime QLinear operators (all-integer ONNX)",
     deploy=("qlinear_onnx",),
+    served_on_cpu=True,
 )

@@ -13,4 +13,5 @@ SPEC = BackendSpec(
     placement=Placement(inputs_of=INTEGER_OPS, network_inputs=True, unsigned_after={"relu", "sigmoid"}),
     description="Intel OpenVINO, int8 with unsigned activations after ReLU",
     deploy=("openvino_onnx",),
+    served_on_cpu=True,
 )

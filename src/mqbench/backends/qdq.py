@@ -7,5 +7,9 @@ from mqbench.backends import tensorrt
 __all__ = ["SPEC"]
 
 SPEC = replace(
-    tensorrt.SPEC, name="qdq", description="ONNX QuantizeLinear/DequantizeLinear (explicit quantization)", deploy=()
+    tensorrt.SPEC,
+    name="qdq",
+    description="ONNX QuantizeLinear/DequantizeLinear (explicit quantization)",
+    deploy=(),
+    served_on_cpu=True,  # the Q/DQ model is what onnxruntime serves
 )

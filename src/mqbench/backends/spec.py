@@ -173,6 +173,9 @@ class BackendSpec:
     # LSBs a runtime may differ from the simulation on one tensor computed from the same inputs: a
     # rounding tie decided the other way by another float summation order is 1.
     lsb_tolerance: int = 1
+    # Its Q/DQ ONNX is what a CPU runtime (onnxruntime, OpenVINO) serves: verify then fails when this
+    # host's runtime computes it differently (the QLinear and OpenVINO artifacts always are).
+    served_on_cpu: bool = False
     # A declarative rule set (a mqbench.backend_config.BackendConfig) deciding per node what is
     # quantized; its model_quantizer reads it. None: the placement decides, by op kind.
     declared: Any = None

@@ -34,8 +34,12 @@ def save_model(model: onnx.ModelProto, path: str | Path) -> str:
     return str(path)
 
 
-def ort_session(model: onnx.ModelProto | str | Path, threads: int = 2):  # type: ignore[no-untyped-def]
-    """An onnxruntime CPU session with ``threads`` intra-op threads and spinning off (steady timings)."""
+def ort_session(model: onnx.ModelProto | str | Path, threads: int = 2, optimize: bool = True):  # type: ignore[no-untyped-def]
+    """An onnxruntime CPU session with ``threads`` intra-op threads and spinning off (steady timings).
+
+    ``optimize=False`` disables graph optimizations: Q/DQ pairs then run as written (float ops on
+    dequantized values) instead of fused into int8 kernels, whose results depend on the CPU.
+    """
     import onnxruntime as ort
 
     if isinstance(model, onnx.ModelProto):
@@ -49,6 +53,8 @@ def ort_session(model: onnx.ModelProto | str | Path, threads: int = 2):  # type:
     options.inter_op_num_threads = 1
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     options.add_session_config_entry("session.inter_op.allow_spinning", "0")
+    if not optimize:
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     return ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
 
 

@@ -36,7 +36,7 @@ import math
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import onnx
@@ -49,8 +49,10 @@ from mqbench.deploy.onnx_graph import ort_session
 from mqbench.deploy.qdq import insert_qdq
 from mqbench.deploy.table import QParamTable, TensorQParams
 from mqbench.fake_quantize.quantize_base import QuantizeBase
+from mqbench.nn.quantized.saturation import ONEDNN_AVX2, ORT_MLAS_AVX2, PairSaturation
+from mqbench.utils.host import host_facts
 
-__all__ = ["ArtifactReport", "TensorDiff", "VerifyReport", "simulate", "verify_deploy"]
+__all__ = ["ArtifactReport", "HostReport", "TensorDiff", "VerifyReport", "simulate", "verify_deploy"]
 
 
 @dataclass(frozen=True)
@@ -78,6 +80,7 @@ class ArtifactReport:
     per_tensor: dict[str, TensorDiff] = field(default_factory=dict)
     outputs: dict[str, TensorDiff] = field(default_factory=dict)  # end to end
     local_outputs: dict[str, TensorDiff] = field(default_factory=dict)  # from the runtime's own quantized tensors
+    host: HostReport | None = None  # this host's runtime as it serves the artifact (None: no separate serving path)
 
     @property
     def max_abs_diff(self) -> float:
@@ -117,13 +120,66 @@ class ArtifactReport:
                 return name
         return None
 
+    def diverging(self, tolerance: float) -> list[str]:
+        """Quantized tensors (graph order) that differ from the simulation by more than ``tolerance`` LSBs."""
+        return [
+            name for name, d in self.per_tensor.items() if d.max_lsb_diff is not None and d.max_lsb_diff > tolerance
+        ]
+
+
+@dataclass
+class HostReport(ArtifactReport):
+    """An artifact as this host's runtime serves it (graph optimizations on, the CPU's own int8 kernels).
+
+    ``predicted``: the layers that a CPU without VNNI computes differently on these inputs, by the
+    16-bit pair-saturation model (:mod:`mqbench.nn.quantized.saturation`), on any host, with the
+    fraction of each layer's accumulator that changes. Where tensors part from the simulation,
+    ``cause`` says why and ``remedy`` what removes it.
+    """
+
+    predicted: dict[str, float] = field(default_factory=dict)
+    cause: str | None = None
+    remedy: str | None = None
+    served: bool = True  # this runtime is how the artifact is served: its verdict counts in ``passed``
+
 
 @dataclass
 class VerifyReport:
-    """Every artifact's comparison; the top-level figures are the worst over artifacts."""
+    """Every artifact's comparison; the top-level figures are the worst over artifacts.
+
+    Two verdicts per artifact: its arithmetic (``artifacts[key].max_lsb_diff``: what the file means,
+    the same on every host) and, where it has one, this host's runtime serving it
+    (``artifacts[key].host``). ``passed`` needs both within ``tolerance`` LSBs; the host verdict of
+    a Q/DQ model that no CPU runtime serves (a TensorRT or SNPE deployment's) is reported, not counted.
+    """
 
     backend: str
     artifacts: dict[str, ArtifactReport]
+    host_facts: dict[str, Any] = field(default_factory=dict)
+    tolerance: float = 1
+
+    def failures(self) -> list[str]:
+        """One line per failed verdict: artifact, verdict, worst tensors; for the host also cause and remedy."""
+        lines = []
+        for key, art in self.artifacts.items():
+            bad = art.diverging(self.tolerance)
+            if bad:
+                lines.append(
+                    f"{key}: artifact arithmetic on {art.runtime} differs by {art.max_lsb_diff:.3g} LSB "
+                    f"(tolerance {self.tolerance:g}) at {', '.join(bad[:5])}"
+                )
+            host = art.host
+            if host is not None and host.served and host.diverging(self.tolerance):
+                bad = host.diverging(self.tolerance)
+                lines.append(
+                    f"{key}: {host.runtime} on this host differs by {host.max_lsb_diff:.3g} LSB at {len(bad)} "
+                    f"tensor(s) ({', '.join(bad[:5])}); cause: {host.cause}; remedy: {host.remedy or 'none known'}"
+                )
+        return lines
+
+    @property
+    def passed(self) -> bool:
+        return not self.failures()
 
     @property
     def max_abs_diff(self) -> float:
@@ -153,10 +209,16 @@ class VerifyReport:
     def summary(self) -> str:
         lines = [f"{'artifact':<16} {'runtime':<22} {'max |diff|':>11} {'max LSB':>8} {'exact out':>9} {'exact q':>8}"]
         for key, art in self.artifacts.items():
-            lines.append(
-                f"{key:<16} {art.runtime:<22} {art.max_abs_diff:>11.3g} {art.max_lsb_diff:>8.3g} "
-                f"{art.exact_fraction:>9.2%} {art.tensor_exact_fraction:>8.2%}"
-            )
+            for label, row in ((key, art), ("  on this host", art.host)):
+                if row is None:
+                    continue
+                lines.append(
+                    f"{label:<16} {row.runtime[:22]:<22} {row.max_abs_diff:>11.3g} {row.max_lsb_diff:>8.3g} "
+                    f"{row.exact_fraction:>9.2%} {row.tensor_exact_fraction:>8.2%}"
+                )
+            if art.host is not None and art.host.predicted:
+                shown = ", ".join(list(art.host.predicted)[:4]) + (" ..." if len(art.host.predicted) > 4 else "")
+                lines.append(f"{'':<16} without VNNI {len(art.host.predicted)} layer(s) would saturate: {shown}")
         return "\n".join(lines)
 
     def __str__(self) -> str:
@@ -255,8 +317,27 @@ def _with_outputs(model: onnx.ModelProto, names: Sequence[str]) -> onnx.ModelPro
     return model
 
 
-def _feeds(input_names: Sequence[str], inputs: Sequence[Tensor]) -> dict[str, np.ndarray]:
-    return {name: t.detach().float().numpy() for name, t in zip(input_names, inputs, strict=True)}
+def _feeds(result: Any, inputs: Sequence[Tensor]) -> dict[str, np.ndarray]:
+    """Input arrays keyed by the deployment's input names, in the element types the model declares.
+
+    Token ids stay integers; a float tensor takes the model's float type.
+    """
+    model = onnx.load(result.artifacts["deploy_onnx"], load_external_data=False)
+    declared = {v.name: v.type.tensor_type.elem_type for v in model.graph.input}
+    feeds = {}
+    for name, tensor in zip(result.input_names, inputs, strict=True):
+        array = tensor.detach().cpu().numpy() if isinstance(tensor, Tensor) else np.asarray(tensor)
+        elem = declared.get(name)
+        if elem:
+            wanted = helper.tensor_dtype_to_np_dtype(elem)
+            if array.dtype != wanted:
+                if array.dtype.kind == "f" and wanted.kind in "iub":
+                    raise ValueError(
+                        f"input {name!r}: the deployment takes {wanted} (e.g. token ids), got a {array.dtype} tensor"
+                    )
+                array = array.astype(wanted)
+        feeds[name] = array
+    return feeds
 
 
 @dataclass
@@ -266,18 +347,34 @@ class _Run:
     model: nn.Module
     inputs: list[Tensor]
     free: Simulation
+    host: bool  # also run each artifact as this host's runtime serves it
+    tolerance: float
+    served_on_cpu: bool  # the backend's Q/DQ model is served by onnxruntime (its host verdict counts)
+    predictions: dict[str, dict[str, float]] | None = None  # runtime -> layer -> fraction, on the Q/DQ model
+
+    def predicted(self, result: Any, feeds: Mapping[str, np.ndarray], saturation: PairSaturation) -> dict[str, float]:
+        """The layers of the Q/DQ model that ``saturation``'s kernels would change (one reference run for all)."""
+        from mqbench.deploy.reference import saturated_layers
+
+        if self.predictions is None:
+            self.predictions = {}
+            if _may_saturate(result.table):
+                model = onnx.load(result.artifacts["onnx"])
+                self.predictions, _ = saturated_layers(model, feeds, (ORT_MLAS_AVX2, ONEDNN_AVX2))
+        return self.predictions.get(saturation.runtime, {})
+
+
+_Report = TypeVar("_Report", bound=ArtifactReport)
 
 
 def _compare(
-    artifact: str,
-    runtime: str,
+    report: _Report,
     values: Mapping[str, np.ndarray],
     table: QParamTable,
     exposed: Mapping[str, str],
     run: _Run,
     output_names: Sequence[str],
-) -> ArtifactReport:
-    report = ArtifactReport(artifact, runtime)
+) -> _Report:
     keys = {tensor: (entry.quantizer, int(entry.extra.get("call", 0))) for tensor, entry in table.items()}
     forced = {keys[t]: values[exposed[t]] for t in table if t in exposed and exposed[t] in values}
     sim = simulate(run.model, run.inputs, forced)
@@ -291,18 +388,59 @@ def _compare(
     for index, name in enumerate(output_names):
         if name in values and index < len(sim.outputs):
             report.local_outputs[name] = _diff(name, by_output.get(name), sim.outputs[index], values[name])
-    sim = run.free
-    by_output = {out: entry for entry in table.values() for out in entry.extra.get("outputs", ())}
     for index, name in enumerate(output_names):
-        if name in values and index < len(sim.outputs):
-            report.outputs[name] = _diff(name, by_output.get(name), sim.outputs[index], values[name])
+        if name in values and index < len(run.free.outputs):
+            report.outputs[name] = _diff(name, by_output.get(name), run.free.outputs[index], values[name])
+    return report
+
+
+# -- the host verdict ------------------------------------------------------------------------------
+_REDUCE_RANGE = (
+    'prepare with prepare_custom_config_dict={"reduce_range": True} (7-bit weights in [-64, 63], which cannot '
+    "saturate; the simulation follows), or serve on a CPU with VNNI"
+)
+_UINT8_WEIGHTS = 'or deploy with qlinear_weight_type="uint8" (u8 x u8 kernels do not saturate; slower)'
+
+
+def _may_saturate(table: QParamTable) -> bool:
+    """Some weight has integers beyond 7 bits: only then can a pair of u8 x s8 products leave int16."""
+    return any(
+        entry.kind == "weight" and entry.grid == "linear" and max(-entry.quant_min, entry.quant_max) > 64
+        for entry in table.values()
+    )
+
+
+def _host_verdict(
+    report: HostReport, predicted: dict[str, float], saturation: PairSaturation, remedy: str, tolerance: float
+) -> HostReport:
+    """Record the prediction of pair saturation and, where tensors part, the cause and the remedy."""
+    facts = host_facts()
+    report.predicted = dict(predicted)
+    bad = report.diverging(tolerance)
+    if not bad:
+        return report
+    if facts["int8_pairs_saturate"] and report.predicted:
+        shown = ", ".join(list(report.predicted)[:5])
+        report.cause = (
+            f"{saturation.runtime}'s int8 kernels on this CPU (no VNNI: {' '.join(facts['isa'])}) sum each two "
+            f"u8 x s8 products in a saturating 16-bit register; the saturation model predicts "
+            f"{len(report.predicted)} layer(s): {shown}"
+        )
+        report.remedy = remedy
+    else:
+        report.cause = (
+            f"{report.runtime} as served differs from the artifact's arithmetic at {', '.join(bad[:5])}; "
+            "16-bit pair saturation does not explain it on this host"
+        )
     return report
 
 
 # -- runners --------------------------------------------------------------------------------------
-def _run_ort(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray], names: Sequence[str]) -> dict[str, np.ndarray]:
+def _run_ort(
+    model: onnx.ModelProto, feeds: Mapping[str, np.ndarray], names: Sequence[str], optimize: bool
+) -> dict[str, np.ndarray]:
     model = _with_outputs(model, names)
-    session = ort_session(model)
+    session = ort_session(model, optimize=optimize)
     wanted = [v.name for v in model.graph.output]
     return dict(zip(wanted, session.run(wanted, dict(feeds)), strict=True))
 
@@ -310,8 +448,16 @@ def _run_ort(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray], names: Seq
 def _verify_qdq(result: Any, feeds: Mapping[str, np.ndarray], run: _Run) -> ArtifactReport:
     model = onnx.load(result.artifacts["onnx"])
     names = list(result.dequantized.values()) + list(result.output_names)
-    values = _run_ort(model, feeds, names)
-    return _compare("onnx", "onnxruntime", values, result.table, result.dequantized, run, result.output_names)
+    args = (result.table, result.dequantized, run, result.output_names)
+    values = _run_ort(model, feeds, names, optimize=False)
+    report = _compare(ArtifactReport("onnx", "onnxruntime (as written)"), values, *args)
+    if run.host:
+        values = _run_ort(model, feeds, names, optimize=True)
+        host = HostReport("onnx", "onnxruntime (optimized)", served=run.served_on_cpu)
+        host = _compare(host, values, *args)
+        predicted = run.predicted(result, feeds, ORT_MLAS_AVX2)
+        report.host = _host_verdict(host, predicted, ORT_MLAS_AVX2, _REDUCE_RANGE, run.tolerance)
+    return report
 
 
 def _reader(backend: str, key: str) -> Callable[..., Any] | None:
@@ -342,29 +488,20 @@ def _verify_parameter_file(key: str, result: Any, feeds: Mapping[str, np.ndarray
         entries[tensor] = source.with_changes(consumers=entry.consumers, quantizer=entry.quantizer, extra=entry.extra)
     table = QParamTable(entries)
     rebuilt, dequantized = insert_qdq(float_model, table)
-    values = _run_ort(rebuilt, feeds, list(dequantized.values()) + list(result.output_names))
-    return _compare(key, "onnxruntime (rebuilt)", values, table, dequantized, run, result.output_names)
+    values = _run_ort(rebuilt, feeds, list(dequantized.values()) + list(result.output_names), optimize=False)
+    report = ArtifactReport(key, "onnxruntime (rebuilt)")
+    return _compare(report, values, table, dequantized, run, result.output_names)
 
 
-def _verify_qlinear(result: Any, feeds: Mapping[str, np.ndarray], run: _Run) -> ArtifactReport:
-    from mqbench.deploy.qlinear import exposed_tensors
-
-    model = onnx.load(result.artifacts["qlinear_onnx"])
-    integer = exposed_tensors(model, result.table)  # tensor -> (integer tensor name, scale, zero point)
-    names = [name for name, _, _ in integer.values()] + list(result.output_names)
-    model = onnx.ModelProto.FromString(model.SerializeToString())
-    present = {v.name for v in model.graph.output}
-    for name, _, _ in integer.values():
-        if name not in present:
-            model.graph.output.append(helper.make_empty_tensor_value_info(name))
-    session = ort_session(model)
-    wanted = [v.name for v in model.graph.output]
-    raw = dict(zip(wanted, session.run(wanted, dict(feeds)), strict=True))
+def _dequantize_integers(
+    raw: Mapping[str, np.ndarray], integer: Mapping[str, tuple[str, Any, Any]], result: Any
+) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """The QLinear graph's integer tensors as real values (tensor -> name in the returned values)."""
     values = {name: raw[name] for name in result.output_names if name in raw}
     exposed = {}
     for tensor, (name, scale, zero_point) in integer.items():
         entry = result.table[tensor]
-        q = raw[name].astype(np.float64)
+        q = np.asarray(raw[name]).astype(np.float64)
         s = np.asarray(scale, np.float64)
         z = np.asarray(zero_point, np.float64)
         if entry.axis is not None and q.ndim:
@@ -373,19 +510,56 @@ def _verify_qlinear(result: Any, feeds: Mapping[str, np.ndarray], run: _Run) -> 
             s, z = s.reshape(shape), z.reshape(shape)
         values[f"{tensor}::dequantized"] = ((q - z) * s).astype(np.float32)
         exposed[tensor] = f"{tensor}::dequantized"
-    del names
-    return _compare(
-        "qlinear_onnx", "onnxruntime (integer ops)", values, result.table, exposed, run, result.output_names
+    return values, exposed
+
+
+def _verify_qlinear(result: Any, feeds: Mapping[str, np.ndarray], run: _Run) -> ArtifactReport:
+    from mqbench.deploy.qlinear import exposed_tensors
+    from mqbench.deploy.qlinear_qdq import qlinear_as_qdq
+    from mqbench.deploy.reference import saturated_layers
+
+    model = onnx.load(result.artifacts["qlinear_onnx"])
+    integer = exposed_tensors(model, result.table)  # tensor -> (integer tensor name, scale, zero point)
+    names = list(dict.fromkeys([name for name, _, _ in integer.values()] + list(result.output_names)))
+    # what the file means (exact int32 accumulation), recording where a CPU without VNNI would saturate
+    record = (ORT_MLAS_AVX2,) if run.host and _may_saturate(result.table) else ()
+    predictions, raw = saturated_layers(qlinear_as_qdq(model), feeds, record, names)
+    values, exposed = _dequantize_integers(raw, integer, result)
+    report = _compare(
+        ArtifactReport("qlinear_onnx", "integer reference"), values, result.table, exposed, run, result.output_names
     )
+    if run.host:
+        extended = onnx.ModelProto.FromString(model.SerializeToString())
+        present = {v.name for v in extended.graph.output}
+        extended.graph.output.extend(helper.make_empty_tensor_value_info(n) for n in names if n not in present)
+        session = ort_session(extended)
+        wanted = [v.name for v in extended.graph.output]
+        raw = dict(zip(wanted, session.run(wanted, dict(feeds)), strict=True))
+        values, exposed = _dequantize_integers(raw, integer, result)
+        host = HostReport("qlinear_onnx", "onnxruntime (integer ops)")
+        host = _compare(host, values, result.table, exposed, run, result.output_names)
+        remedy = f"{_REDUCE_RANGE}, {_UINT8_WEIGHTS}"
+        predicted = predictions.get(ORT_MLAS_AVX2.runtime, {})
+        report.host = _host_verdict(host, predicted, ORT_MLAS_AVX2, remedy, run.tolerance)
+    return report
 
 
 def _verify_openvino(result: Any, feeds: Mapping[str, np.ndarray], run: _Run) -> ArtifactReport:
-    from mqbench.deploy.writers.openvino import fake_quantize_outputs, run_openvino
+    from mqbench.deploy.writers.openvino import fake_quantize_as_onnx, fake_quantize_outputs, run_openvino
 
     path = result.artifacts["openvino_onnx"]
-    exposed = fake_quantize_outputs(onnx.load(path), result.table)  # tensor -> FakeQuantize output name
-    values = run_openvino(path, dict(feeds), list(result.output_names) + list(exposed.values()))
-    return _compare("openvino_onnx", "OpenVINO", values, result.table, exposed, run, result.output_names)
+    model = onnx.load(path)
+    exposed = fake_quantize_outputs(model, result.table)  # tensor -> FakeQuantize output name
+    names = list(result.output_names) + list(exposed.values())
+    args = (result.table, exposed, run, result.output_names)
+    values = _run_ort(fake_quantize_as_onnx(model), feeds, names, optimize=False)
+    report = _compare(ArtifactReport("openvino_onnx", "FakeQuantize formula"), values, *args)
+    if run.host:
+        values = run_openvino(path, dict(feeds), names)
+        host = _compare(HostReport("openvino_onnx", "OpenVINO CPU"), values, *args)
+        predicted = run.predicted(result, feeds, ONEDNN_AVX2)
+        report.host = _host_verdict(host, predicted, ONEDNN_AVX2, _REDUCE_RANGE, run.tolerance)
+    return report
 
 
 def _verify_reference(result: Any, feeds: Mapping[str, np.ndarray], run: _Run) -> ArtifactReport:
@@ -394,9 +568,8 @@ def _verify_reference(result: Any, feeds: Mapping[str, np.ndarray], run: _Run) -
     model = onnx.load(result.artifacts["onnx"])
     names = list(dict.fromkeys([*result.dequantized.values(), *result.output_names]))
     values = run_reference(model, dict(feeds), names)
-    return _compare(
-        "reference", "integer reference", values, result.table, result.dequantized, run, result.output_names
-    )
+    report = ArtifactReport("reference", "integer reference")
+    return _compare(report, values, result.table, result.dequantized, run, result.output_names)
 
 
 _RUNNERS: dict[str, Callable[[Any, Mapping[str, np.ndarray], _Run], ArtifactReport]] = {
@@ -427,12 +600,17 @@ def verify_deploy(
     inputs: Tensor | Sequence[Tensor] | Mapping[str, Tensor],
     artifacts: Sequence[str] | None = None,
     reference: bool = False,
+    host: bool = True,
 ) -> VerifyReport:
     """Compare every runnable artifact of ``result`` (a DeployResult) with ``qmodel``'s simulation on ``inputs``.
 
     ``artifacts`` limits the keys checked (default: every artifact with a runtime or a reader);
-    ``reference=True`` also runs the integer reference executor on the Q/DQ model.
+    ``reference=True`` also runs the integer reference executor on the Q/DQ model; ``host=False``
+    skips the host verdicts (each artifact's arithmetic alone). Inputs keep their dtype (token
+    ids stay int64); float inputs take the deployment's float type.
     """
+    from mqbench.backends import resolve_backend
+
     if isinstance(inputs, Tensor):
         args: list[Tensor] = [inputs]
     elif isinstance(inputs, Mapping):
@@ -441,10 +619,11 @@ def verify_deploy(
         args = list(inputs)
     if len(args) != len(result.input_names):
         raise ValueError(f"the deployment has inputs {result.input_names}; got {len(args)} input tensor(s)")
-    feeds = _feeds(result.input_names, args)
+    feeds = _feeds(result, args)
     _check_shapes(result, feeds)
     model = _simulation_copy(qmodel)
-    run = _Run(model, args, simulate(model, args))
+    spec = resolve_backend(result.backend)
+    run = _Run(model, args, simulate(model, args), host, spec.lsb_tolerance, spec.served_on_cpu)
     readable = [k for k in result.artifacts if k in _RUNNERS or _reader(result.backend, k) is not None]
     keys = readable if artifacts is None else list(artifacts)
     reports: dict[str, ArtifactReport] = {}
@@ -459,4 +638,4 @@ def verify_deploy(
             raise ValueError(f"no runtime or reader checks {key!r}")
     if reference:
         reports["reference"] = _verify_reference(result, feeds, run)
-    return VerifyReport(result.backend, reports)
+    return VerifyReport(result.backend, reports, host_facts(), spec.lsb_tolerance)

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
-from onnx import helper
+from onnx import helper, numpy_helper
 
 from mqbench.deploy.onnx_graph import (
     all_names,
@@ -56,7 +56,14 @@ from mqbench.deploy.table import QParamTable, TensorQParams
 if TYPE_CHECKING:
     from mqbench.convert_deploy import DeployContext
 
-__all__ = ["FAKE_QUANTIZE_DOMAIN", "fake_quantize_outputs", "run_openvino", "to_openvino", "write"]
+__all__ = [
+    "FAKE_QUANTIZE_DOMAIN",
+    "fake_quantize_as_onnx",
+    "fake_quantize_outputs",
+    "run_openvino",
+    "to_openvino",
+    "write",
+]
 
 FAKE_QUANTIZE_DOMAIN = "org.openvinotoolkit"
 
@@ -157,6 +164,60 @@ def fake_quantize_outputs(model: onnx.ModelProto, table: QParamTable) -> dict[st
         elif node.op_type == "Identity" and node.input[0] in fake and node.output[0] in table:
             found[node.output[0]] = node.output[0]  # a quantized network output keeps its name
     return found
+
+
+def fake_quantize_as_onnx(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of a FakeQuantize model with OpenVINO's formula in standard ONNX ops (run on any ONNX runtime).
+
+    Each FakeQuantize becomes ``Round(Clip((x - input_low) * k, 0, levels - 1)) * m + output_low`` with
+    ``k = (levels - 1) / (input_high - input_low)`` and ``m = (output_high - output_low) / (levels - 1)``:
+    what the artifact means, independent of the int8 kernels OpenVINO picks on a given CPU. The
+    quantized value keeps the FakeQuantize's output name.
+    """
+    model = onnx.ModelProto.FromString(model.SerializeToString())
+    graph = model.graph
+    inits = initializer_map(graph)
+    taken = all_names(graph)
+    nodes: list[onnx.NodeProto] = []
+    for node in graph.node:
+        if node.op_type != "FakeQuantize" or node.domain != FAKE_QUANTIZE_DOMAIN:
+            nodes.append(node)
+            continue
+        x, *limits = node.input
+        missing = [name for name in limits if name not in inits]
+        if missing:
+            raise ValueError(f"FakeQuantize {node.name!r}: limits {missing} are not constants")
+        in_low, in_high, out_low, out_high = (numpy_helper.to_array(inits[n]).astype(np.float32) for n in limits)
+        steps = float(helper.get_attribute_value(next(a for a in node.attribute if a.name == "levels")) - 1)
+        consts = {
+            "low": in_low,
+            "k": (np.float32(steps) / (in_high - in_low)).astype(np.float32),
+            "zero": np.array(0, np.float32),
+            "top": np.array(steps, np.float32),
+            "m": ((out_high - out_low) / np.float32(steps)).astype(np.float32),
+            "out_low": out_low,
+        }
+        names = {key: unique_name(f"{node.name}_{key}", taken) for key in consts}
+        graph.initializer.extend(constant(names[key], value) for key, value in consts.items())
+        t = [unique_name(f"{node.name}_t{i}", taken) for i in range(5)]
+        nodes += [
+            helper.make_node("Sub", [x, names["low"]], [t[0]]),
+            helper.make_node("Mul", [t[0], names["k"]], [t[1]]),
+            helper.make_node("Clip", [t[1], names["zero"], names["top"]], [t[2]]),
+            helper.make_node("Round", [t[2]], [t[3]]),
+            helper.make_node("Mul", [t[3], names["m"]], [t[4]]),
+            helper.make_node("Add", [t[4], names["out_low"]], [node.output[0]], name=node.name),
+        ]
+    del graph.node[:]
+    graph.node.extend(nodes)
+    read = {name for node in nodes for name in node.input}
+    unused = [init for init in graph.initializer if init.name not in read]
+    for init in unused:
+        graph.initializer.remove(init)
+    kept = [o for o in model.opset_import if o.domain != FAKE_QUANTIZE_DOMAIN]
+    del model.opset_import[:]
+    model.opset_import.extend(kept)
+    return model
 
 
 def write(context: DeployContext) -> Path:
