@@ -12,9 +12,11 @@ and deployed the same way.
 
 from __future__ import annotations
 
+import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -26,6 +28,7 @@ from mqbench.backends import ParamsTable
 from mqbench.data import Split, load_digits_split
 from mqbench.models import DigitsCNN
 from mqbench.prepare_by_platform import prepare_by_platform
+from mqbench.utils.host import describe_host, host_facts
 from mqbench.utils.state import enable_calibration, enable_quantization
 
 __all__ = ["DemoRow", "academic_config", "calibrate", "evaluate", "run_demo", "train"]
@@ -42,6 +45,11 @@ class DemoRow:
     runtime: str = ""  # the artifact that ran
     max_lsb: float | None = None  # the largest per-tensor difference over every verified artifact
     verified: int = 0  # artifacts checked on a runtime
+    failures: tuple[str, ...] = ()  # failed verdicts (as ``mqbench verify`` decides them)
+
+    @property
+    def passed(self) -> bool:
+        return not self.failures
 
 
 def academic_config(bits: int) -> dict[str, Any]:
@@ -90,8 +98,28 @@ def calibrate(model: nn.Module, data: Split, batches: int = 8) -> None:
 def run_demo(
     epochs: int = 30, qat_epochs: int = 10, seed: int = 0, log: Callable[[str], None] = print
 ) -> list[DemoRow]:
-    """Run the demo and return its table rows (also printed through ``log``)."""
+    """Run the demo and return its table rows (also printed through ``log``).
+
+    On a CPU whose int8 kernels saturate 16-bit pair sums (no VNNI), the backends whose Q/DQ model a
+    CPU runtime serves are prepared with 7-bit weights (``reduce_range``), so that what runs here is
+    what the simulation computed; every row says whether all its verdicts passed.
+    """
+    with tempfile.TemporaryDirectory(prefix="mqbench-demo-") as folder:
+        return _run_demo(epochs, qat_epochs, seed, log, Path(folder))
+
+
+def _run_demo(epochs: int, qat_epochs: int, seed: int, log: Callable[[str], None], folder: Path) -> list[DemoRow]:
+    from mqbench.deploy.check import reduce_range_config
+
     torch.manual_seed(seed)
+    facts = host_facts()
+    log(describe_host(facts))
+    if facts["int8_pairs_saturate"]:
+        served = ", ".join(name for name, spec in ParamsTable.items() if spec.served_on_cpu)
+        log(
+            "this CPU has no VNNI: its int8 kernels sum u8 x s8 product pairs in 16 bits, which saturate with 8-bit "
+            f"weights; the CPU-served backends ({served}) are prepared with reduce_range=True (7-bit weights)"
+        )
     if kernels.load() is None:
         log("(fused CPU kernels unavailable: using the slower PyTorch fallback)")
     train_split, test_split = load_digits_split(seed=seed)
@@ -105,9 +133,14 @@ def run_demo(
     for name, spec in ParamsTable.items():
         start = time.perf_counter()
         config = academic_config(8) if spec.weight is None else None
+        reduced = bool(facts["int8_pairs_saturate"] and spec.served_on_cpu)
+        if reduced:
+            config = reduce_range_config(spec, config)
         prepared = prepare_by_platform(float_model, name, config)
         calibrate(prepared, train_split)
         weights = spec.weight.scheme if spec.weight else None
+        if weights is not None and reduced:
+            weights = replace(weights, bits=7)
         activations = spec.activation.scheme if spec.activation else None
         rows.append(
             _deployed_row(
@@ -119,6 +152,7 @@ def run_demo(
                 test_split,
                 verification,
                 start,
+                folder,
             )
         )
 
@@ -128,7 +162,15 @@ def run_demo(
     train(qat_model, train_split, qat_epochs, lr=1e-3, seed=seed + 1)
     rows.append(
         _deployed_row(
-            "academic W4A4 (QAT)", "academic", qat_model, "int4 LSQ", "uint4 LSQ", test_split, verification, start
+            "academic W4A4 (QAT)",
+            "academic",
+            qat_model,
+            "int4 LSQ",
+            "uint4 LSQ",
+            test_split,
+            verification,
+            start,
+            folder,
         )
     )
     log(format_table(rows, float_accuracy=rows[0].accuracy))
@@ -144,11 +186,13 @@ def _deployed_row(
     test_split: Split,
     verification: torch.Tensor,
     start: float,
+    folder: Path,
 ) -> DemoRow:
     from mqbench.deploy.check import accuracy, deploy_and_verify, deployed_runner
 
     simulated = evaluate(model, test_split)
-    check = deploy_and_verify(model.eval(), backend, verification, model_name="digits")
+    target = folder / label.split()[0] / label.split()[-1].strip("()")
+    check = deploy_and_verify(model.eval(), backend, verification, target, model_name="digits")
     runtime, run = deployed_runner(check.result)
     deployed = accuracy(run, test_split.images, test_split.labels)
     return DemoRow(
@@ -161,6 +205,7 @@ def _deployed_row(
         runtime,
         check.report.max_lsb_diff,
         len(check.report.artifacts),
+        tuple(check.report.failures()),
     )
 
 
@@ -189,12 +234,15 @@ def format_table(rows: list[DemoRow], float_accuracy: float) -> str:
         deployed = f"{row.deployed_accuracy * 100:>9.1f}%" if row.deployed_accuracy is not None else f"{'-':>10}"
         lsb = f"{row.max_lsb:>8.3g}" if row.max_lsb is not None else f"{'-':>8}"
         checked = f"{row.verified:>8}" if row.verified else f"{'-':>8}"
+        checked = checked if row.passed else f"{'FAILED':>8}"
         lines.append(
             f"{row.name:<22}{row.weights:<20}{row.activations:<12}{row.accuracy * 100:>9.1f}%{deployed}"
             f"{delta:>+8.1f}%{row.runtime or '-':>15}{lsb}{checked}{row.seconds:>6.1f}s"
         )
     lines.append(
         "max LSB: the largest difference of any quantized tensor between the simulation and a runtime, over every "
-        "artifact checked (Q/DQ ONNX, parameter files rebuilt, integer graphs, OpenVINO)"
+        "artifact checked (Q/DQ ONNX, parameter files rebuilt, integer graphs, OpenVINO); FAILED: a verdict "
+        "(the artifact's arithmetic, or this host's runtime serving it) is out of tolerance"
     )
+    lines += [f"FAILED {row.name}: {line}" for row in rows for line in row.failures]
     return "\n".join(lines)

@@ -24,7 +24,15 @@ from mqbench.convert_deploy import DeployResult, convert_deploy
 from mqbench.deploy.onnx_graph import ort_session
 from mqbench.deploy.verify import VerifyReport, verify_deploy
 
-__all__ = ["DeployCheck", "accuracy", "deploy_and_verify", "deployed_runner", "lsb_tolerance", "run_verify_command"]
+__all__ = [
+    "DeployCheck",
+    "accuracy",
+    "deploy_and_verify",
+    "deployed_runner",
+    "lsb_tolerance",
+    "reduce_range_config",
+    "run_verify_command",
+]
 
 
 def lsb_tolerance(backend: Any) -> int:
@@ -41,20 +49,21 @@ class DeployCheck:
 
     @property
     def passed(self) -> bool:
-        return self.report.max_lsb_diff <= self.tolerance
+        """Every artifact's arithmetic and every served artifact on this host within tolerance."""
+        return self.report.passed
 
 
 def deploy_and_verify(
     qmodel: nn.Module,
     backend: Any,
     inputs: Tensor,
-    output_path: str | Path | None = None,
+    output_path: str | Path,
     model_name: str = "mqbench_qmodel",
     reference: bool = False,
 ) -> DeployCheck:
-    """Deploy ``qmodel`` with a dynamic batch axis, then verify every artifact on ``inputs``."""
+    """Deploy ``qmodel`` into ``output_path`` with a dynamic batch axis, then verify every artifact on ``inputs``."""
     spec = resolve_backend(backend)
-    folder = Path(output_path) if output_path is not None else Path(tempfile.mkdtemp(prefix="mqbench-"))
+    folder = Path(output_path)
     result = convert_deploy(
         qmodel,
         spec,
@@ -115,11 +124,39 @@ def run_verify_command(
     reference: bool,
     tensors: bool,
     log: Callable[[str], None] = print,
+    reduce_range: bool = False,
 ) -> int:
-    """``mqbench verify``: returns the exit status (0: every artifact within tolerance)."""
+    """``mqbench verify``: returns the exit status (0: every verdict of every artifact within tolerance)."""
+    if output_dir is None:
+        with tempfile.TemporaryDirectory(prefix="mqbench-verify-") as folder:
+            return _verify_command(backends, model_name, state_dict, folder, reference, tensors, log, reduce_range)
+    return _verify_command(backends, model_name, state_dict, output_dir, reference, tensors, log, reduce_range)
+
+
+def reduce_range_config(spec: Any, config: dict[str, Any] | None) -> dict[str, Any]:
+    """``config`` with ``reduce_range`` (7-bit weights) where the backend's weights are 8-bit."""
+    config = dict(config or {})
+    scheme = config.get("extra_qconfig_dict", {}).get("w_qscheme", {})
+    bits = scheme.get("bit", spec.weight.scheme.bits if spec.weight is not None else None)
+    if bits == 8:
+        config["reduce_range"] = True
+    return config
+
+
+def _verify_command(
+    backends: list[str] | None,
+    model_name: str,
+    state_dict: str | None,
+    output_dir: str,
+    reference: bool,
+    tensors: bool,
+    log: Callable[[str], None],
+    reduce_range: bool,
+) -> int:
     from mqbench.backends import ParamsTable
     from mqbench.demo import academic_config
     from mqbench.prepare_by_platform import prepare_by_platform
+    from mqbench.utils.host import describe_host
     from mqbench.utils.state import enable_calibration, enable_quantization
 
     names = backends or list(ParamsTable)
@@ -129,9 +166,12 @@ def run_verify_command(
     if state_dict is not None and not Path(state_dict).is_file():
         raise FileNotFoundError(f"--state-dict {state_dict!r} is not a file")
     model, calibration, images = _command_model(model_name)
+    log(describe_host())
     failed = 0
     for spec in specs:
         config = academic_config(8) if spec.weight is None else None
+        if reduce_range:
+            config = reduce_range_config(spec, config)
         qmodel = prepare_by_platform(model, spec, config)
         if state_dict is not None:
             qmodel.load_state_dict(torch.load(state_dict, weights_only=True))
@@ -141,15 +181,18 @@ def run_verify_command(
             with torch.no_grad():
                 qmodel(calibration)
             enable_quantization(qmodel)
-        folder = None if output_dir is None else Path(output_dir) / spec.name
-        check = deploy_and_verify(qmodel, spec, images, folder, model_name, reference)
+        check = deploy_and_verify(qmodel, spec, images, Path(output_dir) / spec.name, model_name, reference)
         status = "ok" if check.passed else f"FAILED (tolerance {check.tolerance} LSB)"
         log(f"== {spec.name}: {status}; artifacts in {Path(check.result.artifacts['onnx']).parent}")
         log(check.report.summary())
         for key, art in check.report.artifacts.items():
             if art.first_divergence:
                 log(f"   {key}: first tensor that is not bit-exact: {art.first_divergence}")
+            if art.host is not None and art.host.cause and not art.host.served:
+                log(f"   {key} (not served on a CPU for {spec.name}; reported only): {art.host.cause}")
             if tensors:
                 log("\n".join("   " + diff.row() for diff in art.per_tensor.values()))
+        for line in check.report.failures():
+            log(f"   FAILED {line}")
         failed += not check.passed
     return 1 if failed else 0
