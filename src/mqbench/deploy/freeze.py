@@ -2,9 +2,9 @@
 
 ``freeze_quantizers`` replaces each enabled fake quantizer with a :class:`FrozenQuantizer`
 holding the fixed scale and integer zero point it is equivalent to (or, for the logarithmic
-NNIE grid, its ``data_max``), and clips every quantized weight to the float image of its
-integer range (and applies a quantizer's weight transform, e.g. DoReFa's normalisation), so
-the backend re-quantizing that weight gets the same integers.
+NNIE grid, its ``data_max``), and replaces every linear-grid weight by its quantized value
+``(q - zero_point) * scale`` (after a quantizer's weight transform, e.g. DoReFa's normalisation),
+so that the backend re-quantizing that weight gets the same integers by any formula, ties included.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from torch import Tensor, fx, nn
 
 from mqbench.custom_quantizer.passes import set_submodule
 from mqbench.fake_quantize.quantize_base import QuantizeBase, _exporting
-from mqbench.functional import broadcast_to_axis, fake_quantize, fake_quantize_for_export
+from mqbench.functional import fake_quantize, fake_quantize_for_export
 from mqbench.nn.intrinsic.qat.modules.bn_folding import BnFoldingModule
 from mqbench.utils.state import quantizers
 
@@ -78,12 +78,6 @@ class FrozenQuantizer(nn.Module):
             self.tap(self, x, y)
         return y
 
-    def clip(self, x: Tensor) -> Tensor:
-        """``x`` clipped to the float image of the integer range (per channel along ``axis``)."""
-        low = broadcast_to_axis((self.quant_min - self.zero_point.float()) * self.scale, x, self.axis)
-        high = broadcast_to_axis((self.quant_max - self.zero_point.float()) * self.scale, x, self.axis)
-        return torch.minimum(torch.maximum(x, low), high)
-
     def extra_repr(self) -> str:
         if self.data_max is not None:
             return f"{self.name}: log grid, data_max={self.data_max}"
@@ -125,7 +119,7 @@ def freeze_quantizers(model: nn.Module) -> nn.Module:
     """Replace every enabled quantizer of ``model`` (in place) with its :class:`FrozenQuantizer`.
 
     Disabled quantizers become identities (nn.Identity). Weights read by a weight quantizer
-    are transformed (:meth:`QuantizeBase.deploy_weight`) and clipped to the quantized range.
+    are transformed (:meth:`QuantizeBase.deploy_weight`) and replaced by their quantized values.
     Raises :class:`UncalibratedError` naming every enabled quantizer that never saw data, and
     ValueError for a quantizer whose qparams depend on each input (no fixed deployed form).
     """
@@ -153,7 +147,9 @@ def freeze_quantizers(model: nn.Module) -> nn.Module:
             with torch.no_grad():
                 weight = quantizer.deploy_weight(owner.weight.detach())
                 if frozen.grid == "linear":
-                    weight = frozen.clip(weight)
+                    # on the grid itself (q - z) * s, as the simulation quantizes it: every format and runtime
+                    # then recovers the same integers, with no rounding tie left to decide
+                    weight = frozen(weight)
                 owner.weight.copy_(weight)
         set_submodule(model, name, frozen)
     if isinstance(model, fx.GraphModule):
