@@ -350,7 +350,11 @@ class _Run:
     host: bool  # also run each artifact as this host's runtime serves it
     tolerance: float
     served_on_cpu: bool  # the backend's Q/DQ model is served by onnxruntime (its host verdict counts)
+    predict: bool | None  # the saturation prediction: always, never, or (None) where the host verdict parts
     predictions: dict[str, dict[str, float]] | None = None  # runtime -> layer -> fraction, on the Q/DQ model
+
+    def wants_prediction(self, host: ArtifactReport) -> bool:
+        return bool(self.predict or (self.predict is None and host.diverging(self.tolerance)))
 
     def predicted(self, result: Any, feeds: Mapping[str, np.ndarray], saturation: PairSaturation) -> dict[str, float]:
         """The layers of the Q/DQ model that ``saturation``'s kernels would change (one reference run for all)."""
@@ -365,6 +369,16 @@ class _Run:
 
 
 _Report = TypeVar("_Report", bound=ArtifactReport)
+
+
+def _same_values(a: Mapping[str, np.ndarray], b: Mapping[str, np.ndarray]) -> bool:
+    return a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+
+
+def _host_like(report: ArtifactReport, host: HostReport) -> HostReport:
+    """The host's comparison where its values equal the artifact's, bit for bit (no second simulation)."""
+    host.per_tensor, host.outputs, host.local_outputs = report.per_tensor, report.outputs, report.local_outputs
+    return host
 
 
 def _compare(
@@ -449,13 +463,13 @@ def _verify_qdq(result: Any, feeds: Mapping[str, np.ndarray], run: _Run) -> Arti
     model = onnx.load(result.artifacts["onnx"])
     names = list(result.dequantized.values()) + list(result.output_names)
     args = (result.table, result.dequantized, run, result.output_names)
-    values = _run_ort(model, feeds, names, optimize=False)
-    report = _compare(ArtifactReport("onnx", "onnxruntime (as written)"), values, *args)
+    written = _run_ort(model, feeds, names, optimize=False)
+    report = _compare(ArtifactReport("onnx", "onnxruntime (as written)"), written, *args)
     if run.host:
         values = _run_ort(model, feeds, names, optimize=True)
         host = HostReport("onnx", "onnxruntime (optimized)", served=run.served_on_cpu)
-        host = _compare(host, values, *args)
-        predicted = run.predicted(result, feeds, ORT_MLAS_AVX2)
+        host = _host_like(report, host) if _same_values(values, written) else _compare(host, values, *args)
+        predicted = run.predicted(result, feeds, ORT_MLAS_AVX2) if run.wants_prediction(host) else {}
         report.host = _host_verdict(host, predicted, ORT_MLAS_AVX2, _REDUCE_RANGE, run.tolerance)
     return report
 
@@ -522,7 +536,7 @@ def _verify_qlinear(result: Any, feeds: Mapping[str, np.ndarray], run: _Run) -> 
     integer = exposed_tensors(model, result.table)  # tensor -> (integer tensor name, scale, zero point)
     names = list(dict.fromkeys([name for name, _, _ in integer.values()] + list(result.output_names)))
     # what the file means (exact int32 accumulation), recording where a CPU without VNNI would saturate
-    record = (ORT_MLAS_AVX2,) if run.host and _may_saturate(result.table) else ()
+    record = (ORT_MLAS_AVX2,) if run.host and run.predict is not False and _may_saturate(result.table) else ()
     predictions, raw = saturated_layers(qlinear_as_qdq(model), feeds, record, names)
     values, exposed = _dequantize_integers(raw, integer, result)
     report = _compare(
@@ -557,7 +571,7 @@ def _verify_openvino(result: Any, feeds: Mapping[str, np.ndarray], run: _Run) ->
     if run.host:
         values = run_openvino(path, dict(feeds), names)
         host = _compare(HostReport("openvino_onnx", "OpenVINO CPU"), values, *args)
-        predicted = run.predicted(result, feeds, ONEDNN_AVX2)
+        predicted = run.predicted(result, feeds, ONEDNN_AVX2) if run.wants_prediction(host) else {}
         report.host = _host_verdict(host, predicted, ONEDNN_AVX2, _REDUCE_RANGE, run.tolerance)
     return report
 
@@ -601,13 +615,17 @@ def verify_deploy(
     artifacts: Sequence[str] | None = None,
     reference: bool = False,
     host: bool = True,
+    predict: bool | None = None,
 ) -> VerifyReport:
     """Compare every runnable artifact of ``result`` (a DeployResult) with ``qmodel``'s simulation on ``inputs``.
 
     ``artifacts`` limits the keys checked (default: every artifact with a runtime or a reader);
     ``reference=True`` also runs the integer reference executor on the Q/DQ model; ``host=False``
-    skips the host verdicts (each artifact's arithmetic alone). Inputs keep their dtype (token
-    ids stay int64); float inputs take the deployment's float type.
+    skips the host verdicts (each artifact's arithmetic alone). ``predict`` runs the saturation
+    model (which layers a CPU without VNNI would compute differently): True always, False never,
+    None (default) where a host verdict parts from the simulation, to explain it (the QLinear
+    graph's prediction comes with its arithmetic and is always given). Inputs keep their dtype
+    (token ids stay int64); float inputs take the deployment's float type.
     """
     from mqbench.backends import resolve_backend
 
@@ -623,7 +641,7 @@ def verify_deploy(
     _check_shapes(result, feeds)
     model = _simulation_copy(qmodel)
     spec = resolve_backend(result.backend)
-    run = _Run(model, args, simulate(model, args), host, spec.lsb_tolerance, spec.served_on_cpu)
+    run = _Run(model, args, simulate(model, args), host, spec.lsb_tolerance, spec.served_on_cpu, predict)
     readable = [k for k in result.artifacts if k in _RUNNERS or _reader(result.backend, k) is not None]
     keys = readable if artifacts is None else list(artifacts)
     reports: dict[str, ArtifactReport] = {}
