@@ -15,11 +15,15 @@ from onnx import TensorProto, helper, numpy_helper
 ORT_MAX_IR_VERSION = 10
 
 
-def ort_session(model: onnx.ModelProto) -> ort.InferenceSession:
+def ort_session(model: onnx.ModelProto, optimize: bool = False) -> ort.InferenceSession:
+    """A session computing the model as written (graph optimizations off: no fusion into int8 kernels, whose
+    results depend on the CPU); ``optimize=True`` for onnxruntime as it serves the model."""
     model.ir_version = min(model.ir_version, ORT_MAX_IR_VERSION)
     options = ort.SessionOptions()
     options.intra_op_num_threads = 2
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    if not optimize:
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
 
@@ -72,9 +76,11 @@ def model_of(nodes: list, inputs: dict, outputs: list[str], inits: dict, opset: 
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
 
 
-def run_exposing(model: onnx.ModelProto, feeds: dict, names: list[str]) -> dict[str, np.ndarray]:
+def run_exposing(
+    model: onnx.ModelProto, feeds: dict, names: list[str], optimize: bool = False
+) -> dict[str, np.ndarray]:
     """Run ``model`` on onnxruntime and return the tensors ``names`` (intermediate ones become outputs)."""
     model = onnx.ModelProto.FromString(model.SerializeToString())
     declared = {v.name for v in model.graph.output}
     model.graph.output.extend(helper.make_empty_tensor_value_info(n) for n in names if n not in declared)
-    return dict(zip(names, ort_session(model).run(names, feeds), strict=True))
+    return dict(zip(names, ort_session(model, optimize).run(names, feeds), strict=True))

@@ -37,7 +37,8 @@ def test_demo_deploys_and_verifies_every_backend():
 
     printed: list[str] = []
     rows = {row.name: row for row in run_demo(epochs=15, qat_epochs=4, log=printed.append)}
-    assert "deployed" in printed[0] and "academic W4A4 (QAT)" in printed[0]
+    assert printed[0].startswith("host: ")  # the host facts come first
+    assert "deployed" in printed[-1] and "academic W4A4 (QAT)" in printed[-1]
     assert rows["float"].accuracy > 0.93
     for backend, spec in ParamsTable.items():
         row = rows[f"{backend} (PTQ)"]
@@ -48,6 +49,7 @@ def test_demo_deploys_and_verifies_every_backend():
         assert abs(row.deployed_accuracy - row.accuracy) <= 3 / 450, backend
         assert row.max_lsb is not None and row.max_lsb <= spec.lsb_tolerance, backend
         assert row.verified >= 1 + len(spec.deploy), backend  # the Q/DQ model and every other artifact
+        assert row.passed, (backend, row.failures)  # both verdicts, as `mqbench verify` decides them
     qat = rows["academic W4A4 (QAT)"]
     assert qat.accuracy > 0.9
     assert abs(qat.deployed_accuracy - qat.accuracy) <= 3 / 450
@@ -65,6 +67,26 @@ def test_verify_command_checks_artifacts_and_rejects_bad_arguments(capsys, tmp_p
     with pytest.raises(SystemExit):
         main(["verify", "--backend", "snpe", "--state-dict", str(tmp_path / "missing.pt")])
     assert "is not a file" in capsys.readouterr().err
+
+
+def test_verify_command_host_verdict_exit_status_and_remedy(capsys, monkeypatch, tmp_path):
+    """OpenVINO serves its artifact: on a host whose int8 kernels saturate the verdict may fail (exit 1, with
+    cause and remedy); the remedy passes everywhere. Temporary folders are removed."""
+    import tempfile
+
+    from mqbench.utils.host import int8_pairs_saturate
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    status = main(["verify", "--backend", "openvino"])
+    out = capsys.readouterr().out
+    assert out.startswith("host: ")
+    assert status in (0, 1)
+    if status == 1:
+        assert int8_pairs_saturate()
+        assert "FAILED openvino_onnx: OpenVINO CPU on this host" in out and "16-bit" in out and "reduce_range" in out
+    assert main(["verify", "--backend", "openvino", "--reduce-range"]) == 0
+    assert "== openvino: ok" in capsys.readouterr().out
+    assert list(tmp_path.iterdir()) == []  # no mqbench-verify-* folder left behind
 
 
 def test_verify_command_loads_a_prepared_models_state_dict(capsys, tmp_path):

@@ -12,6 +12,7 @@ from mqbench.deploy.writers import READERS
 from mqbench.fake_quantize import QuantizeBase
 from mqbench.models.zoo import VISION_MODELS, zoo_model
 from mqbench.prepare_by_platform import BackendType, prepare_by_platform
+from mqbench.utils.host import int8_pairs_saturate
 from mqbench.utils.state import enable_calibration, enable_quantization
 
 pytestmark = pytest.mark.slow
@@ -20,6 +21,9 @@ BACKENDS = [backend.value for backend in BackendType]
 # LSBs a runtime may differ from the simulation on one tensor computed from the same inputs:
 # a rounding tie decided the other way by a different float summation order.
 LSB_TOLERANCE = {"nnie": 2, "vitis": 2}
+# This host's int8 CPU kernels sum u8 x s8 product pairs in saturating 16-bit registers (x86 without VNNI).
+SATURATES = int8_pairs_saturate()
+CPU_SERVED = ["qdq", "onnx_qnn", "openvino"]
 
 
 def quantized_calls(qmodel: torch.nn.Module, x: torch.Tensor) -> int:
@@ -37,16 +41,37 @@ def quantized_calls(qmodel: torch.nn.Module, x: torch.Tensor) -> int:
     return count
 
 
-@pytest.mark.parametrize("name", sorted(VISION_MODELS))
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_deploy_and_verify(name, backend, tmp_path):
+def _prepared(name: str, backend: str, config: dict | None) -> tuple[torch.nn.Module, torch.Tensor]:
     zoo = zoo_model(name)
-    qmodel = prepare_by_platform(zoo.model, backend, prepare_custom_config_dict=config_for(backend))
+    qmodel = prepare_by_platform(zoo.model, backend, prepare_custom_config_dict=config)
     enable_calibration(qmodel)
     with torch.no_grad():
         qmodel(zoo.calibration[:16])
     enable_quantization(qmodel)
-    x = zoo.evaluation[:2]
+    return qmodel, zoo.evaluation[:2]
+
+
+def _check_host_verdicts(report, tolerance: int) -> None:
+    """Where this host's runtime parts from the artifact, the report explains it; without saturation it may not."""
+    for key, art in report.artifacts.items():
+        host = art.host
+        if host is None:
+            continue
+        assert host.per_tensor, key
+        if host.max_lsb_diff <= tolerance:
+            continue
+        assert SATURATES, (key, "diverges on a host whose int8 kernels do not saturate", host.diverging(tolerance))
+        assert host.predicted, (key, "diverges where the saturation model predicts nothing")
+        assert host.cause is not None and "16-bit" in host.cause, (key, host.cause)
+        assert host.remedy is not None and "reduce_range" in host.remedy, key
+        if host.served:  # a served artifact's divergence fails the report
+            assert any(line.startswith(f"{key}:") for line in report.failures()), key
+
+
+@pytest.mark.parametrize("name", sorted(VISION_MODELS))
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_deploy_and_verify(name, backend, tmp_path):
+    qmodel, x = _prepared(name, backend, config_for(backend))
     result = convert_deploy(qmodel, backend, {"x": list(x.shape)}, output_path=tmp_path, model_name=name)
     # Every tensor the simulation quantizes has an entry (the count of quantizer calls is independent).
     assert len(result.table) == quantized_calls(qmodel, x)
@@ -63,10 +88,26 @@ def test_deploy_and_verify(name, backend, tmp_path):
             assert expected <= set(read), (key, sorted(expected - set(read))[:5])
     report = verify_deploy(qmodel, result, x)
     tolerance = LSB_TOLERANCE.get(backend, 1)
-    for key, art in report.artifacts.items():
+    assert report.tolerance == tolerance
+    for key, art in report.artifacts.items():  # the artifacts' arithmetic: the same on every host
         assert art.per_tensor, key
         assert art.max_lsb_diff <= tolerance, (key, art.first_divergence, art.max_lsb_diff)
-        if art.runtime.startswith("onnxruntime"):
+        if art.runtime.startswith(("onnxruntime", "integer reference")):
             # The Q/DQ arithmetic on onnxruntime: bit-exact but for rounding ties decided differently.
-            # (OpenVINO runs its own integer kernels and requantization: within 1 LSB, not bit-exact.)
             assert art.tensor_exact_fraction >= 0.99, (key, art.tensor_exact_fraction)
+    _check_host_verdicts(report, tolerance)
+
+
+@pytest.mark.parametrize("name", sorted(VISION_MODELS))
+@pytest.mark.parametrize("backend", CPU_SERVED)
+def test_reduce_range_serves_like_the_simulation_on_this_host(name, backend, tmp_path):
+    """The remedy: 7-bit weights cannot saturate 16-bit pair sums: every host serves every CPU artifact as simulated."""
+    qmodel, x = _prepared(name, backend, {**(config_for(backend) or {}), "reduce_range": True})
+    shape = {"x": list(x.shape)}
+    result = convert_deploy(qmodel, backend, shape, output_path=tmp_path, model_name=name, deploy_to_qlinear=True)
+    report = verify_deploy(qmodel, result, x, predict=True)
+    served = [key for key, art in report.artifacts.items() if art.host is not None]
+    assert "qlinear_onnx" in served and "onnx" in served
+    for key in served:
+        assert not report.artifacts[key].host.predicted, key  # nothing can saturate
+    assert report.passed, report.failures()

@@ -14,13 +14,36 @@ from mqbench.backends import resolve_backend
 from mqbench.convert_deploy import DeployContext, convert_merge_bn, convert_onnx
 from mqbench.deploy.qdq import insert_qdq
 from mqbench.deploy.qlinear import CONTRIB_DOMAIN, exposed_tensors, to_qlinear, write
+from mqbench.deploy.qlinear_qdq import qlinear_as_qdq
+from mqbench.deploy.reference import run_reference
 from mqbench.deploy.table import QParamTable, TensorQParams
 from mqbench.models import DigitsCNN, mobilenet_v2, resnet18
+from mqbench.nn.quantized.saturation import ORT_MLAS_AVX2
 from mqbench.prepare_by_platform import prepare_by_platform
+from mqbench.utils.host import int8_pairs_saturate
 from mqbench.utils.state import enable_calibration, enable_quantization
 from onnx_helpers import model_of, run_exposing
 
 RNG = np.random.default_rng(0)
+
+
+def run_qlinear(model: onnx.ModelProto, feeds: dict, names: list[str], served: bool = False) -> dict[str, np.ndarray]:
+    """What the QLinear graph computes: its arithmetic through the integer reference (the same on every host).
+
+    With ``served`` (single operators), also onnxruntime serving it on this host, which must agree within 1 LSB
+    with the reference computing as this host's int8 kernels do (16-bit pair sums on a CPU without VNNI).
+    """
+    as_qdq = qlinear_as_qdq(model)
+    values = run_reference(as_qdq, feeds, names, rounding="half_even")
+    if served:
+        kernels = ORT_MLAS_AVX2 if int8_pairs_saturate() else None
+        modelled = run_reference(as_qdq, feeds, names, rounding="half_even", saturation=kernels)
+        on_host = run_exposing(model, feeds, names, optimize=True)
+        for name in names:
+            if np.issubdtype(on_host[name].dtype, np.integer):
+                diff = np.abs(on_host[name].astype(np.int64) - modelled[name].astype(np.int64))
+                assert diff.max(initial=0) <= 1, name
+    return values
 
 
 @pytest.fixture(autouse=True)
@@ -58,7 +81,7 @@ def integer_parity(model: onnx.ModelProto, table: QParamTable, feeds: dict, loca
     acts = [t for t in integers if table[t].kind == "activation"]
     outputs = [v.name for v in qdq.graph.output]
     ref = run_exposing(qdq, feeds, outputs + [reference[t][0] for t in acts])
-    got = run_exposing(qlinear, feeds, outputs + [integers[t][0] for t in acts])
+    got = run_qlinear(qlinear, feeds, outputs + [integers[t][0] for t in acts])
     if local:
         got = _local_values(
             qlinear,
@@ -116,7 +139,7 @@ def _local_values(qlinear, integers, acts, centred, feeds, full) -> dict[str, np
             list({i: constants[i] for n in nodes.values() for i in n.input if i in constants}.values()),
         )
         sub = helper.make_model(graph, opset_imports=list(qlinear.opset_import))
-        values[target] = run_exposing(sub, local_feeds, [target])[target]
+        values[target] = run_qlinear(sub, local_feeds, [target], served=True)[target]
     return values
 
 
@@ -174,7 +197,7 @@ def test_qlinear_conv_matches_integer_formula(case, activation_type, relu):
     counts = op_counts(qlinear)
     assert counts["QLinearConv"] == 1 and counts["Conv"] == 0 and counts["Relu"] == 0
     name, scale, zero = integers["y"]
-    got = run_exposing(qlinear, {"x": x}, [name])[name].astype(np.int64) - zero
+    got = run_qlinear(qlinear, {"x": x}, [name], served=True)[name].astype(np.int64) - zero
     expected = reference_conv(x, x_entry, w, w_entry, bias, y_entry, relu) - int(y_entry.zero_point[0])
     assert scale == pytest.approx(float(y_entry.scale[0]))
     assert np.abs(got - expected).max() <= 1
