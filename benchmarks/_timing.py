@@ -12,6 +12,8 @@ from pathlib import Path
 
 import torch
 
+from mqbench.utils.host import host_facts
+
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
@@ -53,6 +55,7 @@ def write_json(name: str, payload: dict) -> Path:
             "torch": torch.__version__,
             "threads": torch.get_num_threads(),
         },
+        "host": host_facts(),  # the instruction sets and runtimes that decide int8 behaviour and speed
         **payload,
     }
     path.write_text(json.dumps(payload, indent=2))
