@@ -265,3 +265,27 @@ def test_host_facts_shape():
     assert facts["runtimes"]["onnxruntime"]
     if facts["int8_pairs_saturate"]:
         assert "avx2" in facts["isa"] and not facts["vnni"]
+
+
+def test_cpu_check_finds_saturating_weight_pairs_and_warns_only_where_it_matters():
+    from mqbench.deploy.cpu_check import cpu_warning, saturating_weights
+    from mqbench.deploy.table import QParamTable, TensorQParams
+
+    def entry(low: int, high: int) -> TensorQParams:
+        return TensorQParams(np.array([0.5]), np.array([0]), low, high, kind="weight")
+
+    # conv (out, in, kh, kw): pairs along (kh, kw, in) flattened: channels 0 and 1 of tap (0, 0) pair up
+    full = np.zeros((1, 2, 1, 2), np.float32)
+    full[0, :, 0, 0] = [0.5 * 100, 0.5 * 29]  # |100| + |29| = 129 > 128: can saturate
+    safe = full.copy()
+    safe[0, 1, 0, 0] = 0.5 * 28  # 128: 255 * 128 = 32640 fits
+    table = QParamTable({"a": entry(-128, 127), "b": entry(-128, 127), "c": entry(-64, 63), "u": entry(0, 255)})
+    weights = {"a": full, "b": safe, "c": full, "u": full}
+    assert saturating_weights(table, weights) == ["a"]  # 7-bit and unsigned grids never saturate
+    saturating = {"int8_pairs_saturate": True}
+    message = cpu_warning(["onnx", "openvino_onnx"], False, table, weights, saturating)
+    assert message is not None and "reduce_range" in message and "openvino_onnx" in message and "a" in message
+    assert "qlinear_weight_type" in cpu_warning(["qlinear_onnx"], False, table, weights, saturating)
+    assert cpu_warning(["onnx"], False, table, weights, saturating) is None  # a Q/DQ model no CPU serves
+    assert cpu_warning(["onnx"], True, table, weights, saturating) is not None
+    assert cpu_warning(["openvino_onnx"], True, table, weights, {"int8_pairs_saturate": False}) is None
