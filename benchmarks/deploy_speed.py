@@ -23,8 +23,9 @@ labels, each graph's top-1 accuracy on the rest is reported. Also: convert_deplo
 ResNet-50 (224 px). ``--quick``: ResNet-18 at 64 px, 1 verification image, 3 repeats.
 
 Run: ``.venv/bin/python benchmarks/deploy_speed.py [--quick] [--model package.module:factory
---input-shape 1,3,224,224 | --onnx model.onnx] [--data file.npz] [--output file.json]``; writes
-benchmarks/results/deploy_speed.json by default.
+--input-shape 1,3,224,224 | --onnx model.onnx] [--data file.npz] [--output file.json]``; prints
+``describe_host()`` and the table, and writes the JSON (``host``: ``host_facts()``; a row per graph
+with its check, a row per graph and batch) to benchmarks/results/deploy_speed.json by default.
 """
 
 from __future__ import annotations
@@ -666,8 +667,8 @@ def main(argv: Sequence[str] | None = None) -> Path:
         for graph in items
     ]
     payload = {
-        "host": describe_host(facts),
-        "host_facts": facts,
+        "host": facts,  # host_facts(), as every benchmark JSON has it
+        "host_description": describe_host(facts),
         "threads": THREADS,
         "repeats": repeats,
         "quick": args.quick,

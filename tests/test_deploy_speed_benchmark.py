@@ -45,8 +45,8 @@ def _export_exp_tail(path: Path, **kwargs) -> None:
 
 
 def _check_rows(payload: dict) -> None:
-    assert payload["host_facts"]["int8_pairs_saturate"] == host_facts()["int8_pairs_saturate"]
-    assert payload["host"].startswith("host: ")
+    assert payload["host"] == host_facts()
+    assert payload["host_description"].startswith("host: ")
     for row in payload["latency"] + payload["graphs"]:
         assert isinstance(row["verified"], bool)
     for row in payload["latency"]:
@@ -57,7 +57,7 @@ def _check_rows(payload: dict) -> None:
             assert row["speedup_vs_float"] is None
             assert row["vs_quantize_static"] is None
             assert row["check"].startswith("does not verify: ")
-    if payload["host_facts"]["int8_pairs_saturate"]:
+    if payload["host"]["int8_pairs_saturate"]:
         # a family (a deployment, or quantize_static) with a graph that does not verify is timed with 7-bit weights
         for row in payload["latency"]:
             if not row["verified"]:
@@ -82,7 +82,7 @@ def test_model_quick(deploy_speed, tmp_path):
     assert payload["models"][0]["calibration_images"] == 8
     assert payload["models"][0]["evaluation_images"] == 12
     assert all(0.0 <= graph["top1"] <= 1.0 for graph in payload["graphs"])
-    if payload["host_facts"]["int8_pairs_saturate"]:
+    if payload["host"]["int8_pairs_saturate"]:
         # DigitsCNN's full-range int8 weights saturate here; the 7-bit QLinear graph verifies and has a speedup
         seven_bit = [row for row in payload["latency"] if row["variant"] == "mqbench QDQ 7-bit: QLinear"]
         assert seven_bit
@@ -103,7 +103,7 @@ def test_onnx_quick(deploy_speed, tmp_path):
     assert {row["variant"] for row in payload["latency"]} >= {"float", "ort quantize_static"}
     assert not any(row["variant"].startswith("mqbench") for row in payload["latency"])
     assert all(graph["top1"] is None for graph in payload["graphs"])  # no labels
-    if payload["host_facts"]["int8_pairs_saturate"]:
+    if payload["host"]["int8_pairs_saturate"]:
         # random inputs drive the 3-channel convolution's int8 pair sums past int16 here
         assert [row["verified"] for row in payload["latency"] if row["variant"] == "ort quantize_static"] == [False]
         assert [row["verified"] for row in payload["latency"] if row["variant"] == "ort quantize_static 7-bit"] == [
