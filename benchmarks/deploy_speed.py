@@ -35,6 +35,7 @@ import functools
 import importlib
 import importlib.util
 import json
+import logging
 import os
 import sys
 import tempfile
@@ -289,16 +290,22 @@ def ort_quantize_static(float_path: str, images: Tensor, path: Path, input_name:
         def get_next(self):  # type: ignore[no-untyped-def]
             return next(self.batches, None)
 
-    quantize_static(
-        float_path,
-        str(path),
-        Reader(),
-        quant_format=QuantFormat.QDQ,
-        per_channel=True,
-        reduce_range=reduce_range,
-        activation_type=QuantType.QUInt8,
-        weight_type=QuantType.QInt8,
-    )
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.ERROR)  # quantize_static logs its advice (pre-processing, bias layout) on the root logger
+    try:
+        quantize_static(
+            float_path,
+            str(path),
+            Reader(),
+            quant_format=QuantFormat.QDQ,
+            per_channel=True,
+            reduce_range=reduce_range,
+            activation_type=QuantType.QUInt8,
+            weight_type=QuantType.QInt8,
+        )
+    finally:
+        root.setLevel(level)
     return str(path)
 
 
