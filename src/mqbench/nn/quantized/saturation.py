@@ -108,9 +108,18 @@ def pair_saturation_correction(columns: np.ndarray, weights: np.ndarray, layout:
         return correction
     top = int(np.abs(columns).max())
     pair_weight = np.abs(weights[0::2]) + np.abs(weights[1::2])  # (pairs, outputs)
-    pair_index, output_index = np.nonzero(top * pair_weight > INT16_RANGE[1])
+    output_index, pair_index = np.nonzero((top * pair_weight > INT16_RANGE[1]).T)  # grouped by output
     if pair_index.size == 0:
         return correction
+    outputs_hit, starts = np.unique(output_index, return_index=True)
+    w0, w1 = weights[2 * pair_index, output_index], weights[2 * pair_index + 1, output_index]
+    step = max(1, _ROW_CHUNK // pair_index.size)
+    for start in range(0, rows, step):
+        block = columns[start : start + step]
+        sums = block[:, 2 * pair_index] * w0 + block[:, 2 * pair_index + 1] * w1
+        lost = np.clip(sums, *INT16_RANGE) - sums
+        correction[start : start + step, outputs_hit] = np.add.reduceat(lost, starts, axis=1)
+    return correction
     w0, w1 = weights[2 * pair_index, output_index], weights[2 * pair_index + 1, output_index]
     scatter = np.zeros((pair_index.size, outputs))
     scatter[np.arange(pair_index.size), output_index] = 1.0
