@@ -19,7 +19,17 @@ import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
-__all__ = ["FUNCTION_KINDS", "METHOD_KINDS", "MODULE_KINDS", "WEIGHTED_KINDS", "node_kind"]
+__all__ = [
+    "FUNCTION_KINDS",
+    "IDENTITY_FUNCTIONS",
+    "IDENTITY_METHODS",
+    "IDENTITY_MODULES",
+    "METHOD_KINDS",
+    "MODULE_KINDS",
+    "WEIGHTED_KINDS",
+    "is_identity",
+    "node_kind",
+]
 
 WEIGHTED_KINDS = frozenset({"conv", "linear", "deconv"})
 
@@ -111,6 +121,46 @@ METHOD_KINDS: dict[str, str] = {
     "view": "reshape",
     "reshape": "reshape",
 }
+
+
+# Ops that return their first input unchanged in a deployed (eval-mode) model: the ONNX exporter
+# drops them, so their output is the same tensor as their input. Quantizers on both must be one.
+IDENTITY_MODULES: tuple[type, ...] = (
+    nn.Identity,
+    nn.Dropout,
+    nn.Dropout1d,
+    nn.Dropout2d,
+    nn.Dropout3d,
+    nn.AlphaDropout,
+    nn.FeatureAlphaDropout,
+)
+IDENTITY_FUNCTIONS: frozenset[Callable[..., Any]] = frozenset(
+    {
+        F.dropout,
+        F.dropout1d,
+        F.dropout2d,
+        F.dropout3d,
+        F.alpha_dropout,
+        F.feature_alpha_dropout,
+        torch.clone,
+        torch.detach,
+    }
+)
+IDENTITY_METHODS = frozenset({"contiguous", "clone", "detach"})
+
+
+def is_identity(node: fx.Node, modules: Mapping[str, nn.Module]) -> bool:
+    """Whether ``node`` passes its first input through unchanged at deploy time (Identity, Dropout, clone ...)."""
+    if not node.args or not isinstance(node.args[0], fx.Node):
+        return False
+    if node.op == "call_module":
+        module = modules.get(str(node.target))
+        return type(module) in IDENTITY_MODULES
+    if node.op == "call_function":
+        return node.target in IDENTITY_FUNCTIONS
+    if node.op == "call_method":
+        return node.target in IDENTITY_METHODS
+    return False
 
 
 def node_kind(node: fx.Node, modules: Mapping[str, nn.Module]) -> str | None:

@@ -11,7 +11,7 @@ import torch
 from torch import fx, nn
 
 from mqbench.backends.spec import Placement
-from mqbench.custom_quantizer.ops import WEIGHTED_KINDS, node_kind
+from mqbench.custom_quantizer.ops import WEIGHTED_KINDS, is_identity, node_kind
 
 __all__ = ["ActivationSite", "plan_activation_quantizers"]
 
@@ -220,13 +220,47 @@ def plan_activation_quantizers(
         for value in _tensor_args(output, tensor_memo):
             mark(value, output)
 
+    sources = _merge_aliases(sites, modules)
+    shared_groups += [values for values in sources.values() if len(values) > 1]
     ordered = [sites[n] for n in graph.nodes if n in sites]
     for site in ordered:
-        site.unsigned = any(kinds.get(site.value) == k for k in placement.unsigned_after) or (
-            "relu" in placement.unsigned_after and _ends_in_relu(site.value, modules, kinds)
+        source = _alias_source(site.value, modules)
+        site.unsigned = any(kinds.get(source) == k for k in placement.unsigned_after) or (
+            "relu" in placement.unsigned_after and _ends_in_relu(source, modules, kinds)
         )
     _assign_groups(ordered, shared_groups, sites)
     return ordered
+
+
+def _alias_source(node: fx.Node, modules: Mapping[str, nn.Module]) -> fx.Node:
+    """The value ``node`` is at deploy time: itself, or the input of the identity-like ops producing it."""
+    while is_identity(node, modules):
+        node = typing.cast(fx.Node, node.args[0])
+    return node
+
+
+def _merge_aliases(
+    sites: dict[fx.Node, ActivationSite], modules: Mapping[str, nn.Module]
+) -> dict[fx.Node, list[fx.Node]]:
+    """One quantizer per deployed tensor: sites on values that are one tensor once exported.
+
+    A value produced by identity-like ops (``nn.Identity``, Dropout, ``clone`` ...) is its
+    input at deploy time. Its site is dropped where an upstream value of the same chain is
+    already quantized for every reader (it would quantize the quantized tensor again); the
+    remaining sites of one tensor are returned grouped by that tensor, to share one module.
+    """
+    for value in list(sites):
+        node = value
+        while is_identity(node, modules):
+            node = typing.cast(fx.Node, node.args[0])
+            upstream = sites.get(node)
+            if upstream is not None and upstream.consumers is None:
+                upstream.eight_bit = upstream.eight_bit or sites.pop(value).eight_bit
+                break
+    groups: dict[fx.Node, list[fx.Node]] = {}
+    for value in sites:
+        groups.setdefault(_alias_source(value, modules), []).append(value)
+    return groups
 
 
 def _assign_groups(
@@ -247,3 +281,11 @@ def _assign_groups(
             parent[find(other)] = find(members[0])
     for i, site in enumerate(ordered):
         site.group = find(i)
+    # Sites of one group share one module, built for the first: make their grids agree.
+    unsigned: dict[int, bool] = {}
+    eight_bit: dict[int, bool] = {}
+    for site in ordered:
+        unsigned[site.group] = unsigned.get(site.group, True) and site.unsigned
+        eight_bit[site.group] = eight_bit.get(site.group, False) or site.eight_bit
+    for site in ordered:
+        site.unsigned, site.eight_bit = unsigned[site.group], eight_bit[site.group]
