@@ -5,6 +5,7 @@ Each pass takes a GraphModule, edits it in place, lints and recompiles it, and r
 
 from __future__ import annotations
 
+import operator
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -15,7 +16,56 @@ from mqbench.custom_quantizer.placement import ActivationSite
 from mqbench.fuser_method_mapping import Pattern
 from mqbench.utils.factory import Factory
 
-__all__ = ["delete_unused_submodules", "fuse_patterns", "insert_activation_quantizers", "set_submodule", "swap_modules"]
+__all__ = [
+    "delete_unused_submodules",
+    "eliminate_dead_code",
+    "fuse_patterns",
+    "has_side_effects",
+    "insert_activation_quantizers",
+    "set_submodule",
+    "swap_modules",
+]
+
+# Methods that change their object (containers, modules) rather than return a new value.
+_MUTATING_METHODS = frozenset(
+    {
+        "update",
+        "append",
+        "extend",
+        "insert",
+        "setdefault",
+        "pop",
+        "popitem",
+        "clear",
+        "remove",
+        "discard",
+        "sort",
+        "reverse",
+        "register_buffer",
+        "register_parameter",
+        "add_module",
+    }
+)
+_IN_PLACE_OPERATORS = frozenset(
+    {
+        operator.setitem,
+        operator.delitem,
+        operator.iadd,
+        operator.isub,
+        operator.imul,
+        operator.imatmul,
+        operator.itruediv,
+        operator.ifloordiv,
+        operator.imod,
+        operator.ipow,
+        operator.iand,
+        operator.ior,
+        operator.ixor,
+        operator.ilshift,
+        operator.irshift,
+        operator.iconcat,
+    }
+)
 
 
 def set_submodule(root: nn.Module, qualname: str, module: nn.Module) -> None:
@@ -45,8 +95,42 @@ def delete_unused_submodules(gm: fx.GraphModule) -> None:
         deleted.add(name)
 
 
+def _in_place_name(name: str) -> bool:
+    """``add_``, ``copy_``, ``__setitem__``, ``__iadd__``: names of calls that write into an argument."""
+    if name.startswith("__") and name.endswith("__"):
+        return name in ("__setitem__", "__delitem__") or (name.startswith("__i") and name != "__init__")
+    return name.endswith("_")
+
+
+def has_side_effects(node: fx.Node) -> bool:
+    """Whether removing ``node`` could change the model even when nothing reads its result.
+
+    torch.fx's ``Node.is_impure`` plus what it does not know: container methods that mutate
+    (``out.update(...)``, ``append``, ``setdefault`` ...), in-place tensor methods and functions
+    (``add_``, ``x += y``, ``x[i] = v``), ``inplace=True`` calls and modules.
+    """
+    if node.op == "call_method":
+        name = str(node.target)
+        return name in _MUTATING_METHODS or _in_place_name(name)
+    if node.op == "call_function":
+        if node.target in _IN_PLACE_OPERATORS or node.kwargs.get("inplace") is True:
+            return True
+        if _in_place_name(getattr(node.target, "__name__", "")):
+            return True
+    if node.op == "call_module":
+        module = node.graph.owning_module.get_submodule(str(node.target)) if node.graph.owning_module else None
+        if getattr(module, "inplace", False) is True:
+            return True
+    return node.is_impure()
+
+
+def eliminate_dead_code(gm: fx.GraphModule) -> None:
+    """Remove nodes whose results nothing reads, keeping every call with side effects."""
+    gm.graph.eliminate_dead_code(is_impure_node=has_side_effects)
+
+
 def _finish(gm: fx.GraphModule) -> fx.GraphModule:
-    gm.graph.eliminate_dead_code()
+    eliminate_dead_code(gm)
     gm.graph.lint()
     gm.recompile()
     delete_unused_submodules(gm)
