@@ -15,7 +15,8 @@ Example:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -97,15 +98,10 @@ class QuantScheme:
             "pot_scale": self.pot_scale,
         }
 
-    @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> QuantScheme:
-        """Build a scheme from a dict using MQBench's keys (``bit``, ``symmetry``, ``per_channel``,
-        ``pot_scale``, ``symmetric_range``) or this class's own field names.
-
-        Raises ValueError naming an unknown key and listing the valid ones.
-        """
+    @staticmethod
+    def _fields_of(values: Mapping[str, Any]) -> dict[str, Any]:
         aliases = {"bit": "bits", "symmetry": "symmetric"}
-        fields = set(cls.__dataclass_fields__)
+        fields = set(QuantScheme.__dataclass_fields__)
         kwargs: dict[str, Any] = {}
         for key, value in values.items():
             name = aliases.get(key, key)
@@ -113,4 +109,29 @@ class QuantScheme:
                 valid = sorted(fields | set(aliases))
                 raise ValueError(f"unknown quantization scheme key {key!r}; valid keys: {', '.join(valid)}")
             kwargs[name] = value
-        return cls(**kwargs)
+        return kwargs
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> QuantScheme:
+        """Build a scheme from a dict using MQBench's keys (``bit``, ``symmetry``, ``per_channel``,
+        ``pot_scale``, ``symmetric_range``) or this class's own field names.
+
+        Raises ValueError naming an unknown key and listing the valid ones.
+        """
+        return cls(**cls._fields_of(values))
+
+    def updated(self, values: Mapping[str, Any]) -> QuantScheme:
+        """This scheme with the keys of ``values`` (as :meth:`from_dict` reads them) changed, the others kept.
+
+        An asymmetric grid has no mirrored range and no unsigned form, so ``symmetry=False``
+        also clears ``symmetric_range`` and ``unsigned`` unless ``values`` sets them.
+
+        Example:
+            >>> QuantScheme(8, per_channel=True, symmetric_range=True).updated({"bit": 4}).quant_range
+            (-7, 7)
+        """
+        changes = self._fields_of(values)
+        if changes.get("symmetric") is False:
+            changes.setdefault("symmetric_range", False)
+            changes.setdefault("unsigned", False)
+        return replace(self, **changes)

@@ -19,7 +19,7 @@ from mqbench.backends.spec import BackendSpec
 from mqbench.custom_quantizer.ops import FUNCTION_KINDS, METHOD_KINDS, MODULE_KINDS, WEIGHTED_KINDS, node_kind
 from mqbench.custom_quantizer.passes import fuse_patterns, insert_activation_quantizers, swap_modules
 from mqbench.custom_quantizer.placement import ActivationSite, Rules, plan_activation_quantizers
-from mqbench.custom_quantizer.qconfig import QConfigPair, eight_bit_variant, unsigned_variant
+from mqbench.custom_quantizer.qconfig import QConfigPair, eight_bit_variant, reduced_range_variant, unsigned_variant
 from mqbench.fuser_method_mapping import FUSER_METHODS, QAT_MODULE_MAPPING
 from mqbench.utils.config import check_keys
 from mqbench.utils.factory import Factory
@@ -141,6 +141,8 @@ class ModelQuantizer:
             factory = qconfig.weight
             if node in edges:
                 factory = eight_bit_variant(factory)
+                if qconfig.reduce_range:
+                    factory = reduced_range_variant(factory, self.spec.name)
             if node_kind(node, modules) == "deconv" and qconfig.weight_spec.scheme.per_channel:
                 factory = factory.with_args(ch_axis=1)  # ConvTranspose weights: [in, out / groups, ...]
             return factory

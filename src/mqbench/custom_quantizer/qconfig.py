@@ -11,7 +11,7 @@ from mqbench.scheme import QuantScheme
 from mqbench.utils.config import check_keys
 from mqbench.utils.factory import Factory
 
-__all__ = ["QConfigPair", "eight_bit_variant", "resolve_qconfig", "unsigned_variant"]
+__all__ = ["QConfigPair", "eight_bit_variant", "reduced_range_variant", "resolve_qconfig", "unsigned_variant"]
 
 _SIDES = {"w": "weight", "a": "activation"}
 _KEYS = ("observer", "fakequantize", "fakeq_params", "qscheme", "observer_extra_args")
@@ -21,10 +21,17 @@ VALID_QCONFIG_KEYS = tuple(f"{side}_{key}" for side in _SIDES for key in _KEYS)
 
 @dataclass(frozen=True)
 class QConfigPair:
+    """The weight and activation factories of one prepare call.
+
+    ``reduce_range``: every weight grid is 7-bit (see :func:`reduced_range_variant`), also where
+    a placement rule widens a layer to 8 bits.
+    """
+
     weight: Factory
     activation: Factory
     weight_spec: QuantizerSpec
     activation_spec: QuantizerSpec
+    reduce_range: bool = False
 
 
 def _side(spec: QuantizerSpec | None, side: str, extra: Mapping[str, Any]) -> QuantizerSpec:
@@ -32,8 +39,8 @@ def _side(spec: QuantizerSpec | None, side: str, extra: Mapping[str, Any]) -> Qu
     if spec is None:
         spec = QuantizerSpec(QuantScheme.from_dict(given["qscheme"]), given["fakequantize"], given["observer"])
     changes: dict[str, Any] = {}
-    if "qscheme" in given:
-        changes["scheme"] = QuantScheme.from_dict(given["qscheme"])
+    if "qscheme" in given:  # a partial scheme changes the keys it names; the backend's others stay
+        changes["scheme"] = spec.scheme.updated(given["qscheme"])
     if "observer" in given:
         changes["observer"] = given["observer"]
     if "fakequantize" in given:
@@ -45,11 +52,16 @@ def _side(spec: QuantizerSpec | None, side: str, extra: Mapping[str, Any]) -> Qu
     return replace(spec, **changes)
 
 
-def resolve_qconfig(spec: BackendSpec, extra_qconfig_dict: Mapping[str, Any] | None) -> QConfigPair:
+def resolve_qconfig(
+    spec: BackendSpec, extra_qconfig_dict: Mapping[str, Any] | None, reduce_range: bool = False
+) -> QConfigPair:
     """Weight and activation factories for ``spec`` with ``extra_qconfig_dict`` applied.
 
-    Unknown keys raise ValueError listing the valid ones; names of observers and fake
-    quantizers are resolved now, so a typo fails here rather than mid-model.
+    ``w_qscheme`` / ``a_qscheme`` merge with the backend's default scheme: the keys given
+    override, the others are kept (``{"bit": 4}`` on TensorRT stays per-channel, symmetric,
+    narrow: [-7, 7]). ``reduce_range`` makes the 8-bit weight grid 7-bit (see
+    :func:`reduced_range_variant`). Unknown keys raise ValueError listing the valid ones; names
+    of observers and fake quantizers are resolved now, so a typo fails here rather than mid-model.
     """
     extra = dict(extra_qconfig_dict or {})
     check_keys(extra, VALID_QCONFIG_KEYS, "extra_qconfig_dict")
@@ -71,7 +83,36 @@ def resolve_qconfig(spec: BackendSpec, extra_qconfig_dict: Mapping[str, Any] | N
         weight_factory, activation_factory = weight.factory(), activation.factory()
     except KeyError as error:
         raise ValueError(str(error.args[0])) from None
-    return QConfigPair(weight_factory, activation_factory, weight, activation)
+    if reduce_range:
+        given = extra.get("w_qscheme") or {}
+        if "bit" in given or "bits" in given:
+            raise ValueError(
+                "reduce_range sets the weight width (7 bits) and cannot be combined with "
+                f"extra_qconfig_dict['w_qscheme'] bit={given.get('bit', given.get('bits'))}; give one of the two"
+            )
+        grid = getattr(weight_factory.cls, "deploy_grid", "linear")
+        if grid != "linear":
+            raise ValueError(
+                f"reduce_range needs a linear 8-bit weight grid; backend {spec.name!r} quantizes weights with "
+                f"{weight_factory.cls.__name__} on a {grid} grid"
+            )
+        weight_factory = reduced_range_variant(weight_factory, spec.name)
+    return QConfigPair(weight_factory, activation_factory, weight, activation, reduce_range)
+
+
+def reduced_range_variant(factory: Factory, backend: str = "") -> Factory:
+    """The 8-bit grid of ``factory`` on 7 bits of the same signedness: [-64, 63] or [0, 127].
+
+    For int8 CPU kernels without VNNI, which sum two u8 x s8 products in a saturating 16-bit
+    register: with weights within [-64, 64], 2 * 255 * 64 = 32640 fits. Raises ValueError for a
+    grid that is not 8-bit.
+    """
+    low, high = factory.kwargs.get("quant_min"), factory.kwargs.get("quant_max")
+    if low is None or high is None or not 255 <= high - low + 1 <= 256:
+        owner = f"backend {backend!r}'s" if backend else "the"
+        grid = "no fixed integer range" if low is None or high is None else f"[{low}, {high}]"
+        raise ValueError(f"reduce_range makes 8-bit weights 7-bit, but {owner} weight grid is {grid}")
+    return factory.with_args(**({"quant_min": -64, "quant_max": 63} if low < 0 else {"quant_min": 0, "quant_max": 127}))
 
 
 def unsigned_variant(factory: Factory) -> Factory:
