@@ -9,6 +9,8 @@ Example:
     ['0', 'input_1_post_act_fake_quantizer']
     >>> type(qmodel.get_submodule("0")).__name__, hasattr(qmodel.get_submodule("0"), "weight_fake_quant")
     ('ConvReLU2d', True)
+    >>> qmodel.mqbench_backend  # convert_deploy checks it against the backend it deploys for
+    'tensorrt'
 """
 
 from __future__ import annotations
@@ -22,15 +24,16 @@ from enum import Enum
 from typing import Any
 
 from torch import fx, nn
+from torch.fx.graph_module import _USER_PRESERVED_ATTRIBUTES_KEY
 
 from mqbench.backends.registry import resolve_backend
 from mqbench.custom_quantizer.model_quantizer import ModelQuantizer
 from mqbench.custom_quantizer.qconfig import resolve_qconfig
 from mqbench.nn.intrinsic.qat import freeze_bn_stats
 from mqbench.utils.config import check_keys
-from mqbench.utils.tracer import trace, unwrap_model
+from mqbench.utils.tracer import check_model, trace, unwrap_model
 
-__all__ = ["BackendType", "prepare_by_platform"]
+__all__ = ["BACKEND_ATTRIBUTE", "CONFIG_KEYS", "BackendType", "prepare_by_platform"]
 
 CONFIG_KEYS = (
     "extra_qconfig_dict",
@@ -39,7 +42,11 @@ CONFIG_KEYS = (
     "preserve_attr",
     "concrete_args",
     "leaf_module",
+    "reduce_range",
 )
+
+# The prepared GraphModule's attribute naming the backend it was prepared for (a str, not state).
+BACKEND_ATTRIBUTE = "mqbench_backend"
 
 
 class BackendType(str, Enum):
@@ -59,6 +66,12 @@ class BackendType(str, Enum):
     Academic_NLP = "academic_nlp"
     STPU = "stpu"
     QDQ = "qdq"
+
+
+def _keep_attribute(prepared: fx.GraphModule, name: str, value: Any) -> None:
+    """Set a plain attribute on the GraphModule that survives ``copy.deepcopy`` (which rebuilds GraphModules)."""
+    setattr(prepared, name, value)
+    prepared.meta.setdefault(_USER_PRESERVED_ATTRIBUTES_KEY, {})[name] = value
 
 
 def _preserve_attributes(model: nn.Module, prepared: fx.GraphModule, preserve: dict[str, list[str]]) -> None:
@@ -102,7 +115,12 @@ def prepare_by_platform(
         model: the float model (DataParallel / DistributedDataParallel wrappers are removed).
         deploy_backend: a :class:`BackendType`, a registered backend name, or a ``BackendSpec``.
         prepare_custom_config_dict: ``extra_qconfig_dict``, ``extra_quantizer_dict``,
-            ``extra_fuse_dict``, ``preserve_attr``, ``concrete_args``, ``leaf_module``.
+            ``extra_fuse_dict``, ``preserve_attr``, ``concrete_args``, ``leaf_module``,
+            ``reduce_range`` (see ``CONFIG_KEYS``). A partial ``w_qscheme`` / ``a_qscheme``
+            changes the keys it names in the backend's scheme. ``reduce_range=True`` makes the
+            backend's 8-bit weight grid 7-bit of the same signedness ([-64, 63], or [0, 127] for
+            unsigned weights), for CPU int8 kernels without VNNI whose 16-bit pair sums of
+            u8 x s8 products saturate otherwise.
         custom_tracer: a ``torch.fx.Tracer`` instance (e.g. transformers' ``HFTracer()``).
         is_qat: fold BatchNorm while training (True) or into the weights now (False);
             None follows ``model.training``.
@@ -110,12 +128,22 @@ def prepare_by_platform(
 
     Returns:
         A ``torch.fx.GraphModule``: weight quantizers are ``<module>.weight_fake_quant``,
-        activation quantizers ``<node>_post_act_fake_quantizer``. The model is not changed.
+        activation quantizers ``<node>_post_act_fake_quantizer``; its ``mqbench_backend``
+        attribute names the backend. The model is not changed.
+
+    Raises:
+        TypeError: ``model`` is not an eager ``nn.Module`` (a TorchScript module, a
+            ``torch.compile`` wrapper or a ``torch.export`` program): pass the original module.
+        ValueError: an unknown backend or configuration key, or a configuration that cannot apply.
     """
+    check_model(unwrap_model(model))
     spec = resolve_backend(deploy_backend)
     config = dict(prepare_custom_config_dict or {})
     check_keys(config, CONFIG_KEYS, "prepare_custom_config_dict")
-    qconfig = resolve_qconfig(spec, config.get("extra_qconfig_dict"))
+    reduce_range = config.get("reduce_range", False)
+    if not isinstance(reduce_range, bool):
+        raise ValueError(f"prepare_custom_config_dict['reduce_range'] must be True or False, got {reduce_range!r}")
+    qconfig = resolve_qconfig(spec, config.get("extra_qconfig_dict"), reduce_range)
     model = unwrap_model(model)
     training = model.training
     source = model
@@ -131,4 +159,5 @@ def prepare_by_platform(
     if freeze_bn:
         prepared.apply(freeze_bn_stats)
     _preserve_attributes(source, prepared, config.get("preserve_attr", {}))
+    _keep_attribute(prepared, BACKEND_ATTRIBUTE, spec.name)
     return prepared.train(training)

@@ -67,7 +67,8 @@ def test_extra_qconfig_overrides_reach_the_quantizers():
     }
     prepared = prepare_by_platform(small(), "tensorrt", config)
     conv = prepared.get_submodule("0")
-    assert (conv.weight_fake_quant.quant_min, conv.weight_fake_quant.quant_max) == (-8, 7)
+    # the keys given replace the backend's; its narrow range (symmetric_range) is kept
+    assert (conv.weight_fake_quant.quant_min, conv.weight_fake_quant.quant_max) == (-7, 7)
     assert conv.weight_fake_quant.use_grad_scaling is False
     activation = next(m for n, m in prepared.named_modules() if n.endswith("post_act_fake_quantizer"))
     assert type(activation.activation_post_process).__name__ == "MSEObserver"

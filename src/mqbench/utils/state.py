@@ -2,7 +2,9 @@
 
 Every function walks any module tree (a prepared GraphModule or a hand-built
 model), names each quantizer after its qualified module name (so errors can
-point at it), and returns nothing.
+point at it), and returns nothing. ``enable_quantization`` on a model whose
+quantizers never saw data makes its next forward raise :class:`UncalibratedError`
+naming them (unless they were calibrated, or a calibrated state dict loaded, by then).
 
 Example:
     >>> import torch
@@ -18,12 +20,14 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 from torch import nn
 
 from mqbench.fake_quantize.quantize_base import QuantizeBase
 
 __all__ = [
+    "UncalibratedError",
     "disable_all",
     "enable_all",
     "enable_calibration",
@@ -31,7 +35,14 @@ __all__ = [
     "enable_calibration_woquantization",
     "enable_quantization",
     "quantizers",
+    "uncalibrated_quantizers",
 ]
+
+_SHOWN = 10  # quantizer names an error lists before "and N more"
+
+
+class UncalibratedError(RuntimeError):
+    """Fake quantization switched on in quantizers whose observers never saw a tensor."""
 
 
 def quantizers(model: nn.Module) -> Iterator[tuple[str, QuantizeBase]]:
@@ -40,6 +51,32 @@ def quantizers(model: nn.Module) -> Iterator[tuple[str, QuantizeBase]]:
         if isinstance(module, QuantizeBase):
             module.name = name
             yield name, module
+
+
+def uncalibrated_quantizers(model: nn.Module) -> list[str]:
+    """Quantizers that quantize (fake quant on) with observers off that never saw a tensor."""
+    return [
+        name
+        for name, quantizer in quantizers(model)
+        if bool(quantizer.fake_quant_enabled[0])
+        and not bool(quantizer.observer_enabled[0])
+        and not quantizer.activation_post_process.calibrated
+    ]
+
+
+def _check_calibrated(model: nn.Module, args: Any) -> None:
+    """Forward pre-hook of :func:`enable_quantization`: fail before the first layer, naming every culprit."""
+    missing = uncalibrated_quantizers(model)
+    if missing:
+        shown = ", ".join(missing[:_SHOWN]) + (f" and {len(missing) - _SHOWN} more" if len(missing) > _SHOWN else "")
+        raise UncalibratedError(
+            f"{len(missing)} quantizer(s) quantize but were never calibrated: {shown}. Calibrate first: "
+            "mqbench.utils.state.enable_calibration(model), run forward passes on calibration data, then "
+            "enable_quantization(model) (or load a calibrated state dict)."
+        )
+    for key, hook in list(model._forward_pre_hooks.items()):  # checked once: the model is calibrated
+        if hook is _check_calibrated:
+            del model._forward_pre_hooks[key]
 
 
 def _set(model: nn.Module, observer: bool, fake_quant: bool, quantizer_type: str | None = None) -> None:
@@ -55,8 +92,15 @@ def enable_calibration(model: nn.Module) -> None:
 
 
 def enable_quantization(model: nn.Module) -> None:
-    """Observers off, fake quantization on: the model simulates the quantized hardware."""
+    """Observers off, fake quantization on: the model simulates the quantized hardware.
+
+    Quantizers that never saw data have no parameters to quantize with: if any remain
+    uncalibrated at the next forward, it raises :class:`UncalibratedError` naming them.
+    """
     _set(model, observer=False, fake_quant=True)
+    installed = any(hook is _check_calibrated for hook in model._forward_pre_hooks.values())
+    if not installed and uncalibrated_quantizers(model):
+        model.register_forward_pre_hook(_check_calibrated)
 
 
 def disable_all(model: nn.Module) -> None:

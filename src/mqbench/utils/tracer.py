@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import fx, nn
 
-__all__ = ["QuantizationTracer", "TracingError", "trace", "unwrap_model"]
+__all__ = ["QuantizationTracer", "TracingError", "check_model", "trace", "unwrap_model"]
 
 
 class TracingError(RuntimeError):
@@ -33,6 +33,37 @@ def unwrap_model(model: nn.Module) -> nn.Module:
     return model
 
 
+def check_model(model: Any, caller: str = "prepare_by_platform") -> None:
+    """Raise TypeError unless ``model`` is an eager ``nn.Module`` torch.fx can trace.
+
+    TorchScript modules (``torch.jit.script`` / ``torch.jit.trace``), ``torch.compile`` wrappers
+    and ``torch.export`` programs are compiled forms of a model: the error says to pass the
+    original module instead.
+    """
+    if isinstance(model, torch.export.ExportedProgram):
+        raise TypeError(
+            f"{caller} takes the original nn.Module, got a torch.export.ExportedProgram (its graph is ATen-level "
+            "and has no modules to quantize): pass the module you gave torch.export.export, and export the "
+            "prepared model afterwards if you need an ExportedProgram"
+        )
+    if isinstance(model, torch.jit.ScriptModule):
+        raise TypeError(
+            f"{caller} takes the original nn.Module, got a TorchScript module ({type(model).__name__}, made by "
+            "torch.jit.script or torch.jit.trace), which torch.fx cannot trace: pass the model before scripting; "
+            "if a part of it cannot be traced by torch.fx, list that part's class in "
+            "prepare_custom_config_dict['leaf_module'] so it is kept whole"
+        )
+    original = getattr(model, "_orig_mod", None)
+    if isinstance(model, nn.Module) and isinstance(original, nn.Module) and type(model).__name__ == "OptimizedModule":
+        raise TypeError(
+            f"{caller} takes the original nn.Module, got a torch.compile wrapper (OptimizedModule of "
+            f"{type(original).__name__}): pass the module before torch.compile (here model._orig_mod) and "
+            "compile the prepared model instead"
+        )
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"{caller} takes an nn.Module, got {type(model).__module__}.{type(model).__qualname__}")
+
+
 class QuantizationTracer(fx.Tracer):
     """A tracer that keeps quantizers, fused modules and the user's ``leaf_modules`` as leaves."""
 
@@ -44,6 +75,8 @@ class QuantizationTracer(fx.Tracer):
         if self.leaf_modules and isinstance(m, self.leaf_modules):
             return True
         if getattr(m, "is_quantization_leaf", False):  # quantizers, fused and QAT modules
+            return True
+        if isinstance(m, torch.jit.ScriptModule):  # compiled already: called whole, never entered
             return True
         return super().is_leaf_module(m, module_qualified_name)
 
@@ -78,6 +111,7 @@ def trace(
     leaf-module rules then apply. A failure raises :class:`TracingError` naming the module being
     traced, the user's source line, and the remedies (``leaf_module`` or ``concrete_args``).
     """
+    check_model(model, "mqbench's torch.fx tracer")
     model = unwrap_model(model)
     tracer = custom_tracer if custom_tracer is not None else QuantizationTracer(leaf_modules)
     try:
