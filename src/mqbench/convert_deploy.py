@@ -27,6 +27,7 @@ Example:
 
 from __future__ import annotations
 
+import inspect
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -45,6 +46,8 @@ from mqbench.deploy.onnx_graph import save_model
 from mqbench.deploy.qdq import insert_qdq
 from mqbench.deploy.strip import export_marked, strip_quantizers
 from mqbench.deploy.table import QParamTable
+from mqbench.fake_quantize.quantize_base import QuantizeBase
+from mqbench.prepare_by_platform import BACKEND_ATTRIBUTE
 
 __all__ = [
     "DeployContext",
@@ -185,17 +188,59 @@ def convert_merge_bn(model: nn.Module) -> nn.Module:
     return freeze_quantizers(merge_bn(model))
 
 
+def _keyword_inputs(
+    model: nn.Module, positional: Sequence[Any], keywords: Mapping[str, Any], names: Sequence[str] | None
+) -> tuple[tuple[Any, ...], list[str]]:
+    """Positional arguments for ``model.forward`` from ``(*positional, {name: value})``, and their input names.
+
+    The dict's entries are bound to the forward's parameters by name, as ``torch.onnx.export``
+    does with a trailing dict; a parameter before the last given one must be given too.
+    """
+    try:
+        signature = inspect.signature(model.forward)
+    except (TypeError, ValueError):
+        raise ValueError(
+            "dummy_input ends in a dict of keyword inputs but the model's forward has no signature"
+        ) from None
+    parameters = [p for p in signature.parameters.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    unknown = [key for key in keywords if key not in {p.name for p in parameters[len(positional) :]}]
+    if unknown:
+        raise ValueError(
+            f"dummy_input's keyword inputs {unknown} are not parameters of the model's forward after the "
+            f"{len(positional)} positional input(s); it takes {[p.name for p in parameters]}"
+        )
+    given = [p.name for p in parameters[: len(positional)]] + [p.name for p in parameters if p.name in keywords]
+    last = max(i for i, p in enumerate(parameters) if p.name in given) if given else -1
+    skipped = [p.name for p in parameters[: last + 1] if p.name not in given]
+    if skipped:
+        raise ValueError(
+            f"dummy_input gives {given} but not {skipped}, which come before them in the model's forward "
+            f"{[p.name for p in parameters]}; add them to the dict"
+        )
+    args = (*positional, *(keywords[p.name] for p in parameters[len(positional) : last + 1]))
+    if names is not None and len(names) == len(positional):
+        return args, [*names, *given[len(positional) :]]
+    return args, given
+
+
 def _example_inputs(
-    input_shape_dict: Mapping[str, Sequence[int]] | None, dummy_input: Any
+    input_shape_dict: Mapping[str, Sequence[int]] | None, dummy_input: Any, model: nn.Module | None = None
 ) -> tuple[tuple[Tensor, ...], list[str]]:
     if dummy_input is not None:
         args = tuple(dummy_input) if isinstance(dummy_input, (tuple, list)) else (dummy_input,)
         if isinstance(dummy_input, Mapping):
             names, args = list(dummy_input), tuple(dummy_input.values())
+        elif args and isinstance(args[-1], Mapping) and model is not None:
+            # (*args, {name: value}): torch.onnx.export's form for keyword inputs
+            shape_names = list(input_shape_dict) if input_shape_dict else None
+            args, names = _keyword_inputs(model, args[:-1], args[-1], shape_names)
         else:
             names = list(input_shape_dict) if input_shape_dict else [f"input_{i}" for i in range(len(args))]
         if not all(isinstance(a, Tensor) for a in args):
-            raise ValueError("dummy_input must be a tensor, a tuple/list of tensors or a dict of name -> tensor")
+            raise ValueError(
+                "dummy_input must be a tensor, a tuple/list of tensors (optionally ending in a dict of keyword "
+                "inputs, as torch.onnx.export takes) or a dict of name -> tensor"
+            )
         if len(names) != len(args):
             raise ValueError(f"input_shape_dict names {len(names)} inputs but dummy_input has {len(args)}")
         return args, names
@@ -220,7 +265,7 @@ def convert_onnx(
     **extra_kwargs: Any,
 ) -> tuple[onnx.ModelProto, QParamTable, list[str], list[str]]:
     """Export a merged, frozen model and strip it: (float model, table, input names, output names)."""
-    args, names = _example_inputs(input_shape_dict, dummy_input)
+    args, names = _example_inputs(input_shape_dict, dummy_input, model)
     user_names = extra_kwargs.pop("input_names", None)
     if user_names is not None:
         if len(user_names) != len(args):
@@ -237,10 +282,13 @@ def convert_onnx(
     return float_model, table, exported.input_names, exported.output_names
 
 
-def _check_writable(folder: Path) -> None:
+def _create_folder(folder: Path) -> list[Path]:
+    """Create ``folder`` (and missing parents) and check it is writable; the folders created, deepest first."""
+    created = [p for p in (folder, *folder.parents) if not p.exists()]
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as error:
+        _remove_created(created)
         raise ValueError(f"output_path {str(folder)!r} cannot be created: {error.strerror}") from None
     if not folder.is_dir():
         raise ValueError(f"output_path {str(folder)!r} exists and is not a folder")
@@ -248,7 +296,37 @@ def _check_writable(folder: Path) -> None:
         with tempfile.TemporaryFile(dir=folder):
             pass
     except OSError as error:
+        _remove_created(created)
         raise ValueError(f"output_path {str(folder)!r} is not writable: {error.strerror}") from None
+    return created
+
+
+def _remove_created(created: Sequence[Path]) -> None:
+    """Remove the folders convert_deploy created (deepest first), each only while it is empty."""
+    for path in created:
+        try:
+            path.rmdir()
+        except OSError:
+            return  # not empty (someone else's file) or already gone: leave it and its parents
+
+
+def _check_deployable(model: nn.Module, spec: BackendSpec, allow_backend_mismatch: bool) -> None:
+    if not isinstance(model, nn.Module):
+        raise ValueError(f"convert_deploy takes the prepared nn.Module, got {type(model).__name__}")
+    if not any(isinstance(module, QuantizeBase) for module in model.modules()):
+        raise ValueError(
+            f"the model ({type(model).__name__}) has no fake quantizers: convert_deploy takes the model returned by "
+            "prepare_by_platform (calibrated or trained), not the float model; prepare it with "
+            f"prepare_by_platform(model, {spec.name!r}) and calibrate it first"
+        )
+    prepared_for = getattr(model, BACKEND_ATTRIBUTE, None)
+    if isinstance(prepared_for, str) and prepared_for != spec.name and not allow_backend_mismatch:
+        raise ValueError(
+            f"the model was prepared for backend {prepared_for!r} but is deployed for {spec.name!r}: its quantizers "
+            f"follow the schemes and placement of {prepared_for!r}, which {spec.name!r} may not run as simulated. "
+            f"Deploy it for {prepared_for!r}, or prepare the float model for {spec.name!r}; pass "
+            "allow_backend_mismatch=True to deploy it anyway"
+        )
 
 
 def convert_deploy(
@@ -259,22 +337,50 @@ def convert_deploy(
     output_path: str | Path = "./",
     model_name: str = "mqbench_qmodel",
     deploy_to_qlinear: bool = False,
+    allow_backend_mismatch: bool = False,
     **extra_kwargs: Any,
 ) -> DeployResult:
     """Deploy ``model`` (prepared, calibrated or trained) for ``backend_type``; see the module docstring.
 
-    Artifacts are written to a scratch folder inside ``output_path`` and moved into place only
-    when every step succeeded, so a failure leaves no partial set behind. ``extra_kwargs`` go to
-    ``torch.onnx.export`` (``input_names``, ``output_names``, ``dynamic_axes``, ``opset_version``,
-    ``dynamo``; the TorchScript path is the default).
-    """
-    from mqbench.deploy.writers import WRITERS
+    ``dummy_input`` is a tensor, a tuple of tensors, a tuple ending in a dict of keyword inputs
+    (``(dict(encoded_input),)``, as ``torch.onnx.export`` takes: the dict's entries are the
+    forward's keyword inputs and name the ONNX inputs), or a dict of name -> tensor.
 
+    Artifacts are written to a scratch folder inside ``output_path`` and moved into place only
+    when every step succeeded, so a failure leaves no partial set behind (and removes
+    ``output_path`` again if this call created it). ``extra_kwargs`` go to ``torch.onnx.export``
+    (``input_names``, ``output_names``, ``dynamic_axes``, ``opset_version``, ``dynamo``; the
+    TorchScript path is the default).
+
+    Raises ValueError for a model without fake quantizers (the float model), and for a model
+    prepared for another backend (its ``mqbench_backend`` attribute, set by
+    ``prepare_by_platform``) unless ``allow_backend_mismatch=True``.
+    """
     spec = resolve_backend(backend_type)
+    _check_deployable(model, spec, allow_backend_mismatch)
     if not model_name or any(c in model_name for c in "/\\\0"):
         raise ValueError(f"model_name must be a plain file name, got {model_name!r}")
     folder = Path(output_path)
-    _check_writable(folder)
+    created = _create_folder(folder)
+    try:
+        return _deploy(model, spec, folder, input_shape_dict, dummy_input, model_name, deploy_to_qlinear, extra_kwargs)
+    except BaseException:
+        _remove_created(created)
+        raise
+
+
+def _deploy(
+    model: nn.Module,
+    spec: BackendSpec,
+    folder: Path,
+    input_shape_dict: Mapping[str, Sequence[int]] | None,
+    dummy_input: Any,
+    model_name: str,
+    deploy_to_qlinear: bool,
+    extra_kwargs: dict[str, Any],
+) -> DeployResult:
+    from mqbench.deploy.writers import WRITERS
+
     deployed = convert_merge_bn(model)
     float_model, table, input_names, output_names = convert_onnx(
         deployed, input_shape_dict, dummy_input, **extra_kwargs
