@@ -30,6 +30,7 @@ from __future__ import annotations
 import inspect
 import shutil
 import tempfile
+import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +38,7 @@ from typing import Any
 
 import onnx
 import torch
+from onnx import numpy_helper
 from torch import Tensor, nn
 
 from mqbench.backends import BackendSpec, resolve_backend
@@ -95,6 +97,7 @@ class DeployContext:
     table: QParamTable
     input_names: list[str]
     output_names: list[str]
+    qlinear_weight_type: str | None = None  # the QLinear graph's weights: "int8", "uint8" or None (the table's)
 
     def path(self, suffix: str) -> Path:
         """``folder / f"{model_name}{suffix}"``."""
@@ -338,6 +341,7 @@ def convert_deploy(
     model_name: str = "mqbench_qmodel",
     deploy_to_qlinear: bool = False,
     allow_backend_mismatch: bool = False,
+    qlinear_weight_type: str | None = None,
     **extra_kwargs: Any,
 ) -> DeployResult:
     """Deploy ``model`` (prepared, calibrated or trained) for ``backend_type``; see the module docstring.
@@ -352,10 +356,17 @@ def convert_deploy(
     (``input_names``, ``output_names``, ``dynamic_axes``, ``opset_version``, ``dynamo``; the
     TorchScript path is the default).
 
+    ``qlinear_weight_type="uint8"`` holds the QLinear graph's signed weights as uint8 (shifted by
+    128, the same values): onnxruntime then runs u8 x u8 kernels, which do not saturate on CPUs
+    without VNNI (slower). On such a CPU, writing an artifact a CPU runtime serves with weight
+    pairs that can saturate warns, naming the remedy (:mod:`mqbench.deploy.cpu_check`).
+
     Raises ValueError for a model without fake quantizers (the float model), and for a model
     prepared for another backend (its ``mqbench_backend`` attribute, set by
     ``prepare_by_platform``) unless ``allow_backend_mismatch=True``.
     """
+    if qlinear_weight_type not in (None, "int8", "uint8"):
+        raise ValueError(f"qlinear_weight_type must be 'int8', 'uint8' or None, got {qlinear_weight_type!r}")
     spec = resolve_backend(backend_type)
     _check_deployable(model, spec, allow_backend_mismatch)
     if not model_name or any(c in model_name for c in "/\\\0"):
@@ -363,7 +374,17 @@ def convert_deploy(
     folder = Path(output_path)
     created = _create_folder(folder)
     try:
-        return _deploy(model, spec, folder, input_shape_dict, dummy_input, model_name, deploy_to_qlinear, extra_kwargs)
+        return _deploy(
+            model,
+            spec,
+            folder,
+            input_shape_dict,
+            dummy_input,
+            model_name,
+            deploy_to_qlinear,
+            qlinear_weight_type,
+            extra_kwargs,
+        )
     except BaseException:
         _remove_created(created)
         raise
@@ -377,6 +398,7 @@ def _deploy(
     dummy_input: Any,
     model_name: str,
     deploy_to_qlinear: bool,
+    qlinear_weight_type: str | None,
     extra_kwargs: dict[str, Any],
 ) -> DeployResult:
     from mqbench.deploy.writers import WRITERS
@@ -390,7 +412,9 @@ def _deploy(
     extra_steps = deploy_functions[spec.name]
     scratch = Path(tempfile.mkdtemp(prefix=".mqbench-deploy-", dir=folder))
     try:
-        context = DeployContext(spec, model_name, scratch, float_model, qdq_model, table, input_names, output_names)
+        context = DeployContext(
+            spec, model_name, scratch, float_model, qdq_model, table, input_names, output_names, qlinear_weight_type
+        )
         written = {
             "onnx": save_model(qdq_model, context.path(".onnx")),
             "deploy_onnx": save_model(float_model, context.path("_deploy_model.onnx")),
@@ -419,4 +443,22 @@ def _deploy(
             shutil.move(path, target)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+    _warn_if_this_cpu_differs(spec, artifacts, table, float_model, qlinear_weight_type)
     return DeployResult(spec.name, model_name, artifacts, table, input_names, output_names, dequantized)
+
+
+def _warn_if_this_cpu_differs(
+    spec: BackendSpec,
+    artifacts: Mapping[str, str],
+    table: QParamTable,
+    float_model: onnx.ModelProto,
+    qlinear_weight_type: str | None,
+) -> None:
+    from mqbench.deploy.cpu_check import cpu_warning
+    from mqbench.utils.host import host_facts
+
+    keys = [key for key in artifacts if not (key == "qlinear_onnx" and qlinear_weight_type == "uint8")]
+    weights = {i.name: numpy_helper.to_array(i) for i in float_model.graph.initializer if i.name in table}
+    message = cpu_warning(keys, spec.served_on_cpu, table, weights, host_facts())
+    if message:
+        warnings.warn(message, stacklevel=3)

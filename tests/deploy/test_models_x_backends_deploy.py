@@ -23,7 +23,9 @@ BACKENDS = [backend.value for backend in BackendType]
 LSB_TOLERANCE = {"nnie": 2, "vitis": 2}
 # This host's int8 CPU kernels sum u8 x s8 product pairs in saturating 16-bit registers (x86 without VNNI).
 SATURATES = int8_pairs_saturate()
-CPU_SERVED = ["qdq", "onnx_qnn", "openvino"]
+# The backends whose int8 weights a CPU serves (ONNX_QNN's unsigned weights run on u8 x u8 kernels, which do not
+# saturate; its QLinear graph is covered by the QDQ deployment's, written here too).
+CPU_SERVED = ["qdq", "openvino"]
 
 
 def quantized_calls(qmodel: torch.nn.Module, x: torch.Tensor) -> int:

@@ -289,3 +289,62 @@ def test_cpu_check_finds_saturating_weight_pairs_and_warns_only_where_it_matters
     assert cpu_warning(["onnx"], False, table, weights, saturating) is None  # a Q/DQ model no CPU serves
     assert cpu_warning(["onnx"], True, table, weights, saturating) is not None
     assert cpu_warning(["openvino_onnx"], True, table, weights, {"int8_pairs_saturate": False}) is None
+
+
+def _large_weight_model(reduce_range: bool, backend: str):
+    import torch
+
+    from mqbench.prepare_by_platform import prepare_by_platform
+    from mqbench.utils.state import enable_calibration, enable_quantization
+
+    torch.manual_seed(0)
+    conv = torch.nn.Conv2d(8, 4, 3, padding=1)
+    with torch.no_grad():  # every weight at its channel's maximum: channels 0 and 1 pair up to 2 * 127
+        conv.weight.fill_(-0.05)
+        conv.weight[:, :2] = 0.05
+    # the second conv makes every backend quantize the first one's output
+    model = torch.nn.Sequential(torch.nn.ReLU(), conv, torch.nn.ReLU(), torch.nn.Conv2d(4, 2, 1)).eval()
+    qmodel = prepare_by_platform(model, backend, {"reduce_range": reduce_range})
+    enable_calibration(qmodel)
+    x = torch.rand(4, 8, 6, 6) * 0.5  # channels 0 and 1 near the top of the activation grid, the rest small
+    x[:, :2] += 3.5
+    qmodel(x)
+    enable_quantization(qmodel)
+    return qmodel, x
+
+
+def test_convert_deploy_warns_on_this_cpu_and_the_remedies_serve_as_simulated(tmp_path):
+    import warnings
+
+    from mqbench.convert_deploy import convert_deploy
+    from mqbench.deploy.verify import verify_deploy
+
+    qmodel, x = _large_weight_model(False, "openvino")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        convert_deploy(qmodel, "openvino", {"x": [4, 8, 6, 6]}, output_path=tmp_path / "a")
+    cpu = [w for w in caught if "VNNI" in str(w.message)]
+    assert len(cpu) == (1 if SATURATES else 0)
+    if cpu:
+        assert "reduce_range" in str(cpu[0].message) and "openvino_onnx" in str(cpu[0].message)
+    # remedy 1: 7-bit weights, no warning, every served artifact within 1 LSB on this host
+    qmodel, x = _large_weight_model(True, "openvino")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = convert_deploy(qmodel, "openvino", {"x": [4, 8, 6, 6]}, output_path=tmp_path / "b")
+    assert not [w for w in caught if "VNNI" in str(w.message)]
+    assert verify_deploy(qmodel, result, x).passed
+    # remedy 2 for the QLinear graph: uint8 weights (u8 x u8 kernels); the 8-bit int8 graph would saturate here
+    qmodel, x = _large_weight_model(False, "qdq")
+    shape = {"x": [4, 8, 6, 6]}
+    result = convert_deploy(qmodel, "qdq", shape, output_path=tmp_path / "c", deploy_to_qlinear=True)
+    report = verify_deploy(qmodel, result, x, artifacts=["qlinear_onnx"], predict=True)
+    assert report.artifacts["qlinear_onnx"].host.predicted  # predicted on any host
+    assert (report.artifacts["qlinear_onnx"].host.max_lsb_diff > 1) == SATURATES
+    result = convert_deploy(
+        qmodel, "qdq", shape, output_path=tmp_path / "d", deploy_to_qlinear=True, qlinear_weight_type="uint8"
+    )
+    report = verify_deploy(qmodel, result, x, artifacts=["qlinear_onnx"])
+    assert report.passed, report.failures()
+    with pytest.raises(ValueError, match="qlinear_weight_type"):
+        convert_deploy(qmodel, "qdq", shape, output_path=tmp_path / "e", qlinear_weight_type="int4")

@@ -628,7 +628,7 @@ def float_ops(model: onnx.ModelProto) -> list[onnx.NodeProto]:
 
 def write(context: DeployContext) -> Path:
     """The ``qlinear_onnx`` artifact: ``<model_name>_qlinear.onnx``; warns naming the ops left in float."""
-    model, _ = to_qlinear(context.qdq_model, context.table)
+    model, _ = to_qlinear(context.qdq_model, context.table, weight_type=context.qlinear_weight_type)
     left = float_ops(model)
     if left:
         shown = ", ".join(f"{node.op_type} {node.name!r}" for node in left[:8])
