@@ -36,6 +36,7 @@ def fidelity_floor(backend: str) -> float:
     return 0.98 if per_channel and linear else 0.95
 
 
+QAT_IMAGES = 32  # the fixed batch QAT fits
 WEIGHTED = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Linear, nn.ConvTranspose2d)
 
 
@@ -89,7 +90,7 @@ def test_qat_loss_falls(name, backend):
     assert any(hasattr(m, "bn") for m in prepared.modules()) == any(
         isinstance(m, nn.modules.batchnorm._BatchNorm) for m in zoo.model.modules()
     )
-    images = zoo.calibration
+    images = zoo.calibration[:QAT_IMAGES]
     enable_calibration(prepared)
     with torch.no_grad():
         prepared(images)
@@ -98,7 +99,7 @@ def test_qat_loss_falls(name, backend):
         reference = outputs_as_tensor(zoo.model(images))
     # classifiers fit the digits' labels; the dense models a fixed perturbation of their own output
     labels = zoo_labels(name)
-    target = reference.flip(0) if labels is None else labels
+    target = reference.flip(0) if labels is None else labels[:QAT_IMAGES]
     # Quantizer parameters (LSQ steps, zero points, clipping levels) get a 100x smaller learning rate,
     # as QAT recipes do: a 16-bit step (PPLW8A16) is ~1e-6, and the weights' rate would move it by
     # several times its own size in one step.
