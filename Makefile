@@ -24,7 +24,7 @@ test: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/ruff format --check src tests benchmarks
 	$(BIN)/mypy
-	$(BIN)/pytest
+	$(BIN)/pytest --durations=30
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/fake_quant.py
