@@ -103,8 +103,20 @@ def test_deploy_and_verify(name, backend, tmp_path):
     _check_host_verdicts(report, tolerance)
 
 
-@pytest.mark.parametrize("name", sorted(VISION_MODELS))
-@pytest.mark.parametrize("backend", CPU_SERVED)
+# ViT's attention multiplies two activations (Q K^T, attention x V): 7-bit weights do not bound those products, and
+# OpenVINO runs them on int8 kernels that saturate 16-bit pair sums without VNNI (softmax and its reader then part
+# by tens of LSB). The kernel model covers weight operands only, so this is reported as unexplained, with no remedy.
+ACTIVATION_PRODUCTS = pytest.mark.xfail(
+    SATURATES, reason="int8 activation x activation MatMuls saturate on OpenVINO without VNNI", strict=True
+)
+REMEDY_CASES = [
+    pytest.param(backend, name, marks=[ACTIVATION_PRODUCTS] if (backend, name) == ("openvino", "vit") else [])
+    for name in sorted(VISION_MODELS)
+    for backend in CPU_SERVED
+]
+
+
+@pytest.mark.parametrize(("backend", "name"), REMEDY_CASES)
 def test_reduce_range_serves_like_the_simulation_on_this_host(name, backend, tmp_path):
     """The remedy: 7-bit weights cannot saturate 16-bit pair sums: every host serves every CPU artifact as simulated."""
     qmodel, x = _prepared(name, backend, {**(config_for(backend) or {}), "reduce_range": True})
