@@ -245,6 +245,30 @@ def test_training_updates_bn_statistics_like_the_float_module(name, reference):
         torch.testing.assert_close(getattr(qat.bn, key), getattr(fused[1], key), rtol=1e-10, atol=1e-12)
 
 
+AFFINE_BN_CASES = [name for name in BN_CASES if "noaffine" not in name]
+
+
+@pytest.mark.parametrize("name", AFFINE_BN_CASES)
+def test_a_zero_gamma_channel_trains_like_the_float_module(name, reference):
+    """gamma 0 (zero-initialised residual BN) folds to zero weights; training must not divide by it."""
+    fused, qat, x = make_qat(name, reference, enabled=False, dtype=torch.float64)
+    with torch.no_grad():
+        for norm in (fused[1], qat.bn):
+            norm.weight[0], norm.bias[0] = 0.0, 0.5  # beta > 0: the channel passes a ReLU
+    fused.train()
+    qat.train()
+    out, expected = qat(x), fused(x)
+    assert bool(torch.isfinite(out).all())
+    torch.testing.assert_close(out, expected, rtol=1e-9, atol=1e-9)
+    target = torch.randn_like(expected)
+    ((out - target) ** 2).sum().backward()
+    ((expected - target) ** 2).sum().backward()
+    # gamma 0 still learns: its gradient is that of bn(layer(x)), not 0 or NaN
+    torch.testing.assert_close(qat.bn.weight.grad, fused[1].weight.grad, rtol=1e-9, atol=1e-9)
+    assert float(qat.bn.weight.grad[0].abs()) > 0
+    torch.testing.assert_close(qat.weight.grad, fused[0].weight.grad, rtol=1e-9, atol=1e-9)
+
+
 @pytest.mark.parametrize("name", BN_CASES)
 def test_frozen_bn_stops_updating_statistics_and_computes_the_deployed_layer(name, reference):
     _, qat, x = make_qat(name, reference)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import copy
 from typing import Any, ClassVar, TypeVar
 
+import torch
 from torch import Tensor, nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
@@ -130,6 +131,22 @@ class BnFoldingModule(QATModule):
         """The layer's operation with the given weight and bias."""
         raise NotImplementedError
 
+    def _unfold(self, folded: Tensor, factor: Tensor) -> Tensor:
+        """``folded / factor`` per output channel; the float weight where ``factor`` is 0.
+
+        A channel with gamma 0 (zero-initialised residual branches, a channel pruned by its BN) folds
+        to zero weights and outputs beta whatever its input; dividing its quantized zero weights by 0
+        would give NaN. Its unfolded weight is the float one, so that the batch statistics and gamma's
+        gradient are those of ``bn(layer(x))``.
+        """
+        dead = factor == 0
+        if not bool(dead.any()):
+            return scale_output_channels(folded, 1.0 / factor, self._TRANSPOSED)
+        safe = torch.where(dead, torch.ones_like(factor), factor)
+        unfolded = scale_output_channels(folded, 1.0 / safe, self._TRANSPOSED)
+        mask = scale_output_channels(torch.ones_like(folded), dead.to(folded.dtype), self._TRANSPOSED) > 0
+        return torch.where(mask, self.weight, unfolded)
+
     def _folded_forward(self, x: Tensor, **options: Any) -> Tensor:
         running_mean, running_var = bn_running_stats(self.bn)
         gamma, beta = self._bn_affine()
@@ -139,7 +156,7 @@ class BnFoldingModule(QATModule):
         if self.training and not self.freeze_bn:
             # conv(x, fq(w f)) / f, with the division applied to the weight's output channels: the
             # layer is linear in its weight, and the weight is far smaller than the output.
-            unscaled = scale_output_channels(weight, 1.0 / factor, self._TRANSPOSED)
+            unscaled = self._unfold(weight, factor)
             y = self._apply_weight(x, unscaled, None, **options)
             if bias is not None:
                 y = y + self._per_channel(bias, y)
