@@ -11,3 +11,10 @@ settings.load_profile("mqbench")
 @pytest.fixture(params=[False, True], ids=["torchscript", "dynamo"])
 def dynamo(request):
     return request.param
+
+
+def pytest_report_header(config):
+    """The facts that decide int8 results on this host, at the top of every run's output."""
+    from mqbench.utils.host import describe_host
+
+    return describe_host()
