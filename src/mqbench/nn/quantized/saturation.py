@@ -120,16 +120,6 @@ def pair_saturation_correction(columns: np.ndarray, weights: np.ndarray, layout:
         lost = np.clip(sums, *INT16_RANGE) - sums
         correction[start : start + step, outputs_hit] = np.add.reduceat(lost, starts, axis=1)
     return correction
-    w0, w1 = weights[2 * pair_index, output_index], weights[2 * pair_index + 1, output_index]
-    scatter = np.zeros((pair_index.size, outputs))
-    scatter[np.arange(pair_index.size), output_index] = 1.0
-    step = max(1, _ROW_CHUNK // pair_index.size)
-    for start in range(0, rows, step):
-        block = columns[start : start + step]
-        sums = block[:, 2 * pair_index] * w0 + block[:, 2 * pair_index + 1] * w1
-        lost = np.clip(sums, *INT16_RANGE) - sums  # exact small integers: the float64 product below is exact
-        correction[start : start + step] = np.rint(lost.astype(np.float64) @ scatter).astype(np.int64)
-    return correction
 
 
 def conv_saturation_correction(
