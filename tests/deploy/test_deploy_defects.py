@@ -194,3 +194,21 @@ def test_reduce_range_weights_deploy_within_7_bits_and_match_the_simulation(tmp_
     assert weights and all((entry.quant_min, entry.quant_max) == (-64, 63) for entry in weights.values())
     report = verify_deploy(qmodel, result, torch.randn(SHAPE, generator=torch.Generator().manual_seed(1)))
     assert report.max_lsb_diff <= 1
+
+
+@pytest.mark.parametrize("backend", [backend.value for backend in BackendType])
+def test_reduce_range_config_applies_where_weights_are_8_bit_linear_and_prepares_everywhere(backend):
+    """What `mqbench verify --reduce-range` and the demo apply: 7-bit weights where that is possible."""
+    from mqbench.backends import resolve_backend
+    from mqbench.deploy.check import reduce_range_config
+
+    spec = resolve_backend(backend)
+    config = reduce_range_config(spec, config_for(backend))
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Conv2d(4, 4, 3), nn.ReLU(), nn.Conv2d(4, 2, 3)).eval()
+    qmodel = prepare_by_platform(model, backend, config)  # never refused
+    grids = {(m.quant_min, m.quant_max) for n, m in qmodel.named_modules() if n.endswith("weight_fake_quant")}
+    if backend == "nnie":  # a log grid: unchanged
+        assert "reduce_range" not in config
+    else:
+        assert config["reduce_range"] is True
+        assert grids <= {(-64, 63), (0, 127)}, grids

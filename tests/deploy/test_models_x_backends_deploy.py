@@ -72,18 +72,7 @@ def _check_host_verdicts(report, tolerance: int) -> None:
             assert any(line.startswith(f"{key}:") for line in report.failures()), key
 
 
-# ViT's attention multiplies two activations (Q K^T, attention x V): 7-bit weights do not bound those products, and
-# OpenVINO runs them on int8 kernels that saturate 16-bit pair sums without VNNI (softmax and its reader then part
-# by tens of LSB; onnxruntime serving the Q/DQ model likewise). The kernel model covers weight operands only, so
-# this is reported as unexplained, with no remedy.
-ACTIVATION_PRODUCTS = pytest.mark.xfail(
-    SATURATES, reason="int8 activation x activation MatMuls saturate on OpenVINO without VNNI", strict=True
-)
-MATRIX = [
-    pytest.param(name, backend, marks=[ACTIVATION_PRODUCTS] if (backend, name) == ("openvino", "vit") else [])
-    for backend in BACKENDS
-    for name in sorted(VISION_MODELS)
-]
+MATRIX = [(name, backend) for backend in BACKENDS for name in sorted(VISION_MODELS)]
 
 
 @pytest.mark.parametrize(("name", "backend"), MATRIX)
@@ -116,16 +105,13 @@ def test_deploy_and_verify(name, backend, tmp_path):
     _check_host_verdicts(report, tolerance)
 
 
-REMEDY_CASES = [
-    pytest.param(backend, name, marks=[ACTIVATION_PRODUCTS] if (backend, name) == ("openvino", "vit") else [])
-    for name in sorted(VISION_MODELS)
-    for backend in CPU_SERVED
-]
+REMEDY_CASES = [(backend, name) for name in sorted(VISION_MODELS) for backend in CPU_SERVED]
 
 
 @pytest.mark.parametrize(("backend", "name"), REMEDY_CASES)
 def test_reduce_range_serves_like_the_simulation_on_this_host(name, backend, tmp_path):
-    """The remedy: 7-bit weights cannot saturate 16-bit pair sums: every host serves every CPU artifact as simulated."""
+    """The remedy: 7-bit weights (and right operands of activation products) cannot saturate 16-bit pair sums:
+    every host serves every CPU artifact as simulated."""
     qmodel, x = _prepared(name, backend, {**(config_for(backend) or {}), "reduce_range": True})
     shape = {"x": list(x.shape)}
     result = convert_deploy(qmodel, backend, shape, output_path=tmp_path, model_name=name, deploy_to_qlinear=True)

@@ -18,7 +18,7 @@ from mqbench.deploy.qlinear_qdq import qlinear_as_qdq
 from mqbench.deploy.reference import run_reference
 from mqbench.deploy.table import QParamTable, TensorQParams
 from mqbench.models import DigitsCNN, mobilenet_v2, resnet18
-from mqbench.nn.quantized.saturation import ORT_MLAS_AVX2
+from mqbench.nn.quantized.saturation import ORT_QLINEAR_AVX2
 from mqbench.prepare_by_platform import prepare_by_platform
 from mqbench.utils.host import int8_pairs_saturate
 from mqbench.utils.state import enable_calibration, enable_quantization
@@ -36,7 +36,7 @@ def run_qlinear(model: onnx.ModelProto, feeds: dict, names: list[str], served: b
     as_qdq = qlinear_as_qdq(model)
     values = run_reference(as_qdq, feeds, names, rounding="half_even")
     if served:
-        kernels = ORT_MLAS_AVX2 if int8_pairs_saturate() else None
+        kernels = ORT_QLINEAR_AVX2 if int8_pairs_saturate() else None
         modelled = run_reference(as_qdq, feeds, names, rounding="half_even", saturation=kernels)
         on_host = run_exposing(model, feeds, names, optimize=True)
         for name in names:

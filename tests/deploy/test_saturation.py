@@ -123,7 +123,11 @@ def _init(name: str, value, dtype) -> onnx.TensorProto:
 def _qdq_conv(
     weight: np.ndarray, channels: int, act_dtype, zero_point: int, group: int = 1, op: str = "Conv"
 ) -> onnx.ModelProto:
-    """Q(x) -> DQ -> Conv/MatMul with DQ(int8 weight) -> Q: the pattern onnxruntime fuses into an int8 kernel."""
+    """Q(x) -> DQ -> Conv/MatMul with DQ(int8 weight) -> Q -> DQ: the pattern onnxruntime fuses into an int8 kernel.
+
+    The output is dequantized, as in a deployment: an int8 graph output keeps onnxruntime from converting
+    signed activations to unsigned ones, which its matrix-product kernels need.
+    """
     out_zero = 128 if act_dtype == np.uint8 else 0
     inits = [
         _init("xs", 0.02, np.float32),
@@ -145,14 +149,14 @@ def _qdq_conv(
         helper.make_node("DequantizeLinear", ["w", "ws", "wz"], ["wd"]),
         compute,
         helper.make_node("QuantizeLinear", ["c", "ys", "yz"], ["yq"]),
+        helper.make_node("DequantizeLinear", ["yq", "ys", "yz"], ["y"]),
     ]
     shape = [2, channels, 7, 7] if op == "Conv" else [6, channels]
-    elem = helper.np_dtype_to_tensor_dtype(np.dtype(act_dtype))
     graph = helper.make_graph(
         nodes,
         "g",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
-        [helper.make_tensor_value_info("yq", elem, None)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
         inits,
     )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
@@ -167,6 +171,7 @@ ORT_CASES = [
     pytest.param(4, np.uint8, 0, 4, "Conv", id="u8-depthwise-multiplier4"),
     pytest.param(8, np.int8, 0, 1, "Conv", id="s8-c8"),
     pytest.param(33, np.uint8, 3, 1, "MatMul", id="u8-matmul"),
+    pytest.param(33, np.int8, 0, 1, "MatMul", id="s8-matmul"),  # matrix products shift signed activations by 128
 ]
 
 
@@ -179,14 +184,18 @@ def test_onnxruntime_int8_kernels_follow_the_model(channels, act_dtype, zero_poi
     model = _qdq_conv(weight, channels, act_dtype, zero_point, group, op)
     low = 0.0 if act_dtype == np.uint8 else -2.5
     x = rng.uniform(low, low + 5.0, [2, channels, 7, 7] if op == "Conv" else [6, channels]).astype(np.float32)
-    served = ort_session(model, optimize=True).run(None, {"x": x})[0].astype(np.int64)
-    written = ort_session(model, optimize=False).run(None, {"x": x})[0].astype(np.int64)
+    out_zero = 128 if act_dtype == np.uint8 else 0
+
+    def integers(session) -> np.ndarray:
+        return np.rint(session.run(None, {"x": x})[0] / 0.5).astype(np.int64) + out_zero
+
+    served, written = integers(ort_session(model, optimize=True)), integers(ort_session(model, optimize=False))
     exact = run_reference(model, {"x": x}, ["yq"], rounding="half_even")["yq"].astype(np.int64)
     modelled = run_reference(model, {"x": x}, ["yq"], rounding="half_even", saturation=ORT_MLAS_AVX2)["yq"]
     assert np.abs(exact - written).max() <= 1  # the artifact's arithmetic: host-independent
     predicted = saturated_layers(model, {"x": x}, [ORT_MLAS_AVX2])[0]["onnxruntime"]
-    # the prediction is host-independent: signed activations and depthwise kernels never saturate
-    assert bool(predicted) == (act_dtype == np.uint8 and not (group == channels == outputs))
+    # the prediction is host-independent: depthwise kernels never saturate; signed activations do, shifted by 128
+    assert bool(predicted) == (not (group == channels == outputs))
     if SATURATES:
         assert np.abs(modelled.astype(np.int64) - served).max() <= 1
         if predicted:
@@ -257,6 +266,92 @@ def test_openvino_int8_kernels_follow_the_model(channels, signed):
         assert np.abs(requantize(exact) - served).max() > 1
     else:
         assert np.abs(requantize(exact) - served).max() <= 1
+
+
+def _brute_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Batched ``a @ b`` summing sat16 of adjacent product pairs along the reduction, by loops."""
+    batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    a, b = np.broadcast_to(a, (*batch, *a.shape[-2:])), np.broadcast_to(b, (*batch, *b.shape[-2:]))
+    out = np.zeros((*batch, a.shape[-2], b.shape[-1]), np.int64)
+    for index in np.ndindex(*batch, a.shape[-2], b.shape[-1]):
+        *outer, i, j = index
+        products = [int(x) * int(y) for x, y in zip(a[(*outer, i)], b[(*outer, slice(None), j)], strict=True)]
+        products += [0] * (len(products) % 2)
+        out[index] = sum(_sat16(products[t] + products[t + 1]) for t in range(0, len(products), 2))
+    return out
+
+
+def test_batched_product_correction_equals_brute_force():
+    from mqbench.deploy.reference import _matmul_correction
+
+    rng = np.random.default_rng(5)
+    a = rng.integers(0, 256, (2, 1, 3, 7))  # broadcast against b's second batch axis; odd reduction
+    b = rng.choice([-128, -100, 5, 120, 127], size=(1, 3, 7, 4))
+    got = a @ b + _matmul_correction(a, b, "flat")
+    np.testing.assert_array_equal(got, _brute_matmul(a, b))
+    assert (got != a @ b).any()
+
+
+ACTIVATION_PRODUCTS = [(False, True, 8), (True, True, 8), (True, False, 8), (True, True, 7)]
+
+
+def _activation_product(a_signed: bool, b_signed: bool, b_bits: int):
+    """Q/DQ and FakeQuantize models of y = a @ b, both computed at run time (attention), with grid-exact inputs."""
+    from mqbench.deploy.qdq import insert_qdq
+    from mqbench.deploy.table import QParamTable, TensorQParams
+
+    rng = np.random.default_rng(int(a_signed) * 4 + int(b_signed) * 2 + b_bits)
+    a_low, a_high = (-128, 127) if a_signed else (0, 255)
+    b_high = (1 << (b_bits - 1 if b_signed else b_bits)) - 1
+    b_low = -b_high - 1 if b_signed else 0
+    qa = rng.integers(a_low, a_high + 1, (1, 2, 6, 32))
+    qb = rng.integers(b_low, b_high + 1, (1, 2, 32, 5))
+    qa[..., :6], qb[..., :6, :] = a_high, b_high  # aligned large products: pairs beyond int16 if b is 8-bit
+    sa, sb, sy = 0.05, 0.04, 2.0
+    nodes = [helper.make_node("MatMul", ["a", "b"], ["y"], name="product")]
+    values = [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in (("a", qa.shape), ("b", qb.shape))]
+    graph = helper.make_graph(nodes, "g", values, [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+    def entry(scale: float, low: int, high: int) -> TensorQParams:
+        return TensorQParams(np.array([scale]), np.array([0]), low, high)
+
+    table = QParamTable({"a": entry(sa, a_low, a_high), "b": entry(sb, b_low, b_high), "y": entry(sy, -128, 127)})
+    feeds = {"a": (qa * sa).astype(np.float32), "b": (qb * sb).astype(np.float32)}
+    qdq, dequantized = insert_qdq(model, table)
+    return model, table, qdq, dequantized["y"], feeds, (qa, qb, sa * sb / sy)
+
+
+@pytest.mark.parametrize(("a_signed", "b_signed", "b_bits"), ACTIVATION_PRODUCTS)
+def test_activation_products_on_both_runtimes(a_signed, b_signed, b_bits):
+    """onnxruntime multiplies two run-time values exactly; OpenVINO on its saturating kernels, b in the weights'
+    place."""
+    from mqbench.deploy.writers.openvino import run_openvino, to_openvino
+
+    model, table, qdq, y, feeds, (qa, qb, multiplier) = _activation_product(a_signed, b_signed, b_bits)
+    exact = np.clip(np.rint((qa @ qb) * multiplier), -128, 127)
+    shift = 128 if a_signed else 0  # oneDNN shifts signed activations into u8 and subtracts the shift's share
+    saturating = _brute_matmul(qa + shift, qb) - shift * qb.sum(-2, keepdims=True)
+    # an unsigned right operand is not in the signed weights' place: u8 x u8 products do not saturate
+    modelled = np.clip(np.rint((saturating if b_signed else qa @ qb) * multiplier), -128, 127)
+    can_saturate = b_signed and b_bits == 8
+    assert (modelled != exact).any() == can_saturate  # the case is built to saturate where it can
+    predicted = saturated_layers(qdq, feeds, [ORT_MLAS_AVX2, ONEDNN_AVX2])[0]
+    assert predicted["onnxruntime"] == {}
+    assert bool(predicted["OpenVINO"]) == can_saturate
+    reference = run_reference(qdq, feeds, [y], rounding="half_even", saturation=ONEDNN_AVX2)[y]
+    np.testing.assert_array_equal(np.rint(reference / 2.0), modelled)
+
+    served = ort_session(qdq, optimize=True).run([y], feeds)[0]
+    assert np.abs(np.rint(served / 2.0) - exact).max() <= 1
+    fq_model, quantized = to_openvino(model, table)
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "fq.onnx"
+        onnx.save(fq_model, str(path))
+        openvino = np.rint(run_openvino(path, feeds, [quantized["y"]])[quantized["y"]] / 2.0)
+    assert np.abs(openvino - (modelled if SATURATES else exact)).max() <= 1
+    if SATURATES and can_saturate:
+        assert np.abs(openvino - exact).max() > 1
 
 
 def test_host_facts_shape():

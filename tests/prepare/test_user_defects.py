@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import io
+import operator
 
 import pytest
 import torch
@@ -289,6 +290,50 @@ def test_reduce_range_also_narrows_first_and_last_layers_widened_to_8_bits():
     qmodel = prepare_by_platform(model, "academic", config)
     ranges = [(m.quant_min, m.quant_max) for n, m in qmodel.named_modules() if n.endswith("weight_fake_quant")]
     assert ranges == [(-64, 63)] * 3
+
+
+class Attention(nn.Module):
+    """softmax(q k^T) v: two products of activations, their right operands k^T (past a transpose) and v."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.q, self.k, self.v = nn.Linear(8, 8), nn.Linear(8, 8), nn.Linear(8, 8)
+
+    def forward(self, x):
+        scores = torch.matmul(self.q(x), self.k(x).transpose(-2, -1))
+        return torch.softmax(scores, dim=-1) @ self.v(x)
+
+
+@pytest.mark.parametrize("backend", ["openvino", "tensorrt_nlp", "snpe", "vitis"])  # those quantizing both operands
+def test_reduce_range_narrows_the_right_operand_of_activation_products(backend):
+    """It takes the weights' place in int8 kernels: 7-bit like them; the left operands keep 8 bits."""
+    model = Attention().eval()
+    plain = prepare_by_platform(model, backend, config_for(backend))
+    qmodel = prepare_by_platform(model, backend, {**(config_for(backend) or {}), "reduce_range": True})
+
+    def grid(value: fx.Node, modules: dict) -> tuple[int, int] | None:  # its quantizer, before it or its transpose
+        while value.op == "call_method" and value.target == "transpose":
+            value = value.args[0]
+        module = modules.get(str(value.target)) if value.op == "call_module" else None
+        return (module.quant_min, module.quant_max) if isinstance(module, QuantizeBase) else None
+
+    operands = {}
+    for prepared in (plain, qmodel):
+        products = [n for n in prepared.graph.nodes if n.target in (torch.matmul, operator.matmul)]
+        assert len(products) == 2
+        modules = dict(prepared.named_modules())
+        operands[prepared is qmodel] = [[grid(a, modules) for a in n.args] for n in products]
+    for (left, right), (left_reduced, right_reduced) in zip(operands[False], operands[True], strict=True):
+        assert left_reduced == left
+        assert right is not None
+        signed_eight_bit = right[0] < 0 and right[1] - right[0] + 1 >= 255
+        assert right_reduced == ((-64, 63) if signed_eight_bit else right)  # u8 x u8 products do not saturate
+    assert any(right[0] < 0 for _, right in operands[False]) == (backend != "snpe")  # SNPE: unsigned activations
+    x = torch.randn(2, 5, 8)
+    enable_calibration(qmodel)
+    qmodel(x)
+    enable_quantization(qmodel)
+    torch.testing.assert_close(qmodel(x), model(x), atol=0.1, rtol=0.1)
 
 
 @pytest.mark.parametrize(

@@ -156,9 +156,16 @@ class ModelQuantizer:
                 factory = eight_bit_variant(factory)
             if site.unsigned:
                 factory = unsigned_variant(factory)
+            elif site.product_operand and qconfig.reduce_range and _signed_eight_bit(factory):
+                factory = reduced_range_variant(factory, self.spec.name)
             return factory
 
         return factory_for
+
+
+def _signed_eight_bit(factory: Factory) -> bool:
+    low, high = factory.kwargs.get("quant_min"), factory.kwargs.get("quant_max")
+    return low is not None and high is not None and low < 0 and high - low + 1 in (255, 256)
 
 
 def register_model_quantizer(backend: Any) -> Callable[[type[ModelQuantizer]], type[ModelQuantizer]]:

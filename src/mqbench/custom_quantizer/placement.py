@@ -18,6 +18,10 @@ __all__ = ["ActivationSite", "plan_activation_quantizers"]
 ALL_USERS = None  # marker: every consumer of the value reads the quantized tensor
 
 _NON_TENSOR_METHODS = frozenset({"size", "dim", "numel", "__len__", "tolist", "item"})
+# ops that move a tensor's values without computing new ones (a quantizer before them quantizes the result)
+_DATA_MOVEMENT = frozenset(
+    {"transpose", "permute", "reshape", "view", "contiguous", "flatten", "squeeze", "unsqueeze", "expand", "t"}
+)
 _ACTIVATION_ANCESTORS = frozenset({"linear", "conv", "deconv", "matmul", "layernorm"})
 
 
@@ -30,6 +34,9 @@ class ActivationSite:
     unsigned: bool = False
     eight_bit: bool = False
     group: int = -1  # sites of one group share a quantizer module
+    # the right operand of a product of two activations (attention's K^T, V): it takes the weights'
+    # place in int8 kernels, so reduce_range narrows it as it narrows weights
+    product_operand: bool = False
 
 
 def _never(node: fx.Node) -> bool:
@@ -222,6 +229,7 @@ def plan_activation_quantizers(
 
     sources = _merge_aliases(sites, modules)
     shared_groups += [values for values in sources.values() if len(values) > 1]
+    _mark_product_operands(graph, kinds, sites, tensor_memo, modules)
     ordered = [sites[n] for n in graph.nodes if n in sites]
     for site in ordered:
         source = _alias_source(site.value, modules)
@@ -230,6 +238,38 @@ def plan_activation_quantizers(
         )
     _assign_groups(ordered, shared_groups, sites)
     return ordered
+
+
+def _moved_from(node: fx.Node, modules: Mapping[str, nn.Module]) -> fx.Node | None:
+    """The tensor a data-movement or identity-like op reads, else None."""
+    if is_identity(node, modules):
+        return typing.cast(fx.Node, node.args[0])
+    if node.op not in ("call_method", "call_function"):
+        return None
+    name = node.target if node.op == "call_method" else getattr(node.target, "__name__", None)
+    source = node.args[0] if node.args else None
+    return source if name in _DATA_MOVEMENT and isinstance(source, fx.Node) else None
+
+
+def _mark_product_operands(
+    graph: fx.Graph,
+    kinds: Mapping[fx.Node, str | None],
+    sites: Mapping[fx.Node, ActivationSite],
+    memo: dict[fx.Node, bool],
+    modules: Mapping[str, nn.Module],
+) -> None:
+    """Mark the quantizer of each product of two activations' right operand (found past data movement)."""
+    for node in graph.nodes:
+        if kinds.get(node) != "matmul":
+            continue
+        operands = _tensor_args(node, memo, unique=False)
+        if len(operands) != 2:
+            continue
+        value: fx.Node | None = operands[1]
+        while value is not None and value not in sites:
+            value = _moved_from(value, modules)
+        if value is not None:
+            sites[value].product_operand = True
 
 
 def _alias_source(node: fx.Node, modules: Mapping[str, nn.Module]) -> fx.Node:
@@ -287,5 +327,9 @@ def _assign_groups(
     for site in ordered:
         unsigned[site.group] = unsigned.get(site.group, True) and site.unsigned
         eight_bit[site.group] = eight_bit.get(site.group, False) or site.eight_bit
+    product: dict[int, bool] = {}
+    for site in ordered:
+        product[site.group] = product.get(site.group, False) or site.product_operand
     for site in ordered:
         site.unsigned, site.eight_bit = unsigned[site.group], eight_bit[site.group]
+        site.product_operand = product[site.group]

@@ -136,12 +136,24 @@ def run_verify_command(
 
 
 def reduce_range_config(spec: Any, config: dict[str, Any] | None) -> dict[str, Any]:
-    """``config`` with ``reduce_range`` (7-bit weights) where the backend's weights are 8-bit."""
+    """``config`` with ``reduce_range`` (7-bit weights) where the weights are on a linear 8-bit grid.
+
+    An explicit 8-bit ``w_qscheme`` width gives way to it (reduce_range sets the width); other
+    grids (4-bit, NNIE's log grid) come back unchanged.
+    """
+    from mqbench.custom_quantizer.qconfig import resolve_qconfig
+
     config = dict(config or {})
-    scheme = config.get("extra_qconfig_dict", {}).get("w_qscheme", {})
-    bits = scheme.get("bit", spec.weight.scheme.bits if spec.weight is not None else None)
-    if bits == 8:
-        config["reduce_range"] = True
+    extra = dict(config.get("extra_qconfig_dict") or {})
+    weight = resolve_qconfig(spec, extra).weight
+    low, high = weight.kwargs.get("quant_min"), weight.kwargs.get("quant_max")
+    linear = getattr(weight.cls, "deploy_grid", "linear") == "linear"
+    if not linear or low is None or high is None or high - low + 1 not in (255, 256):
+        return config
+    scheme = dict(extra.get("w_qscheme") or {})
+    if [scheme.pop(key) for key in ("bit", "bits") if key in scheme]:
+        config["extra_qconfig_dict"] = {**extra, "w_qscheme": scheme}
+    config["reduce_range"] = True
     return config
 
 

@@ -20,15 +20,11 @@ from mqbench.custom_quantizer.passes import set_submodule
 from mqbench.fake_quantize.quantize_base import QuantizeBase, _exporting
 from mqbench.functional import fake_quantize, fake_quantize_for_export
 from mqbench.nn.intrinsic.qat.modules.bn_folding import BnFoldingModule
-from mqbench.utils.state import quantizers
+from mqbench.utils.state import UncalibratedError, quantizers
 
 __all__ = ["FrozenQuantizer", "UncalibratedError", "freeze_quantizers", "merge_bn", "uncalibrated_quantizers"]
 
 Tap = Callable[["FrozenQuantizer", Tensor, Tensor], None]
-
-
-class UncalibratedError(RuntimeError):
-    """Deploying a model whose quantizers never saw data."""
 
 
 class FrozenQuantizer(nn.Module):

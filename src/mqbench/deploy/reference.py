@@ -104,6 +104,7 @@ class _Quant:
     wide: bool = False
     dtype: Any = np.float32
     signed: bool = True  # the integer container's signedness (int8 vs uint8)
+    constant: bool = False  # dequantized from a constant of the model (a weight), not computed at run time
 
     @property
     def narrow(self) -> bool:
@@ -147,6 +148,7 @@ class _Context:
     apply: PairSaturation | None = None  # computes convolutions and matrix products as this kernel does
     record: tuple[PairSaturation, ...] = ()  # records where these kernels would change the accumulator
     saturated: dict[str, dict[str, float]] = field(default_factory=dict)  # runtime -> node -> changed fraction
+    constants: frozenset[str] = frozenset()  # the tensors computed from the model's constants alone
 
     def saturate(
         self, node: onnx.NodeProto, acc: np.ndarray, x: _Quant, w: _Quant, correction: _Correction
@@ -154,12 +156,15 @@ class _Context:
         """``acc`` with the applied model's pair-saturation correction; records every model's.
 
         ``correction(raw_x, raw_fill, layout)`` computes one model's correction from the kernel's
-        unsigned activation operand ``raw_x`` (padded with ``raw_fill``).
+        unsigned activation operand ``raw_x`` (padded with ``raw_fill``); ``w`` is the signed operand
+        (a weight, or the right operand of a product of two activations).
         """
         if x.wide or w.wide or not w.signed or np.any(w.zero_point != 0):
             return acc
         models = dict.fromkeys((*self.record, *((self.apply,) if self.apply else ())))
         for model in models:
+            if not (w.constant or model.activation_products):
+                continue
             raw = model.raw_activation(x.q, x.signed)
             if raw is None:
                 continue
@@ -350,16 +355,24 @@ def _int_matmul(node: onnx.NodeProto, inputs: list[Any], attrs: dict[str, Any], 
     if not (b.scalar_params() or (b.q.ndim == 2 and b.varies_only_on([1]))):
         return None
     acc = exact_matmul(a.centered(), b.centered())
-    if (ctx.apply or ctx.record) and b.q.ndim == 2:
+    if ctx.apply or ctx.record:
         acc = ctx.saturate(node, acc, a, b, lambda raw, fill, layout: _matmul_correction(raw, b.q, layout))
     return [_Quant(acc, a.scale * b.scale, np.zeros((), np.int64), wide=True)]
 
 
 def _matmul_correction(left: np.ndarray, right: np.ndarray, layout: str) -> np.ndarray:
-    """Pair saturation's correction of ``left @ right`` (``right`` 2-d): pairs along the reduction."""
-    rows = left.reshape(-1, 1, left.shape[-1])
-    correction = pair_saturation_correction(rows, right[None], layout)
-    return correction.reshape(*left.shape[:-1], right.shape[-1])
+    """Pair saturation's correction of ``left @ right`` (NumPy's batched semantics): pairs along the reduction."""
+    if right.ndim == 2:
+        rows = left.reshape(-1, 1, left.shape[-1])
+        correction = pair_saturation_correction(rows, right[None], layout)
+        return correction.reshape(*left.shape[:-1], right.shape[-1])
+    if left.ndim == 1 or right.ndim == 1:
+        raise ValueError("a batched product with a vector operand has no pair-saturation model")
+    batch = np.broadcast_shapes(left.shape[:-2], right.shape[:-2])
+    lefts = np.broadcast_to(left, (*batch, *left.shape[-2:])).reshape(-1, *left.shape[-2:])
+    rights = np.broadcast_to(right, (*batch, *right.shape[-2:])).reshape(-1, *right.shape[-2:])
+    blocks = [_matmul_correction(a, b, layout) for a, b in zip(lefts, rights, strict=True)]
+    return np.stack(blocks).reshape(*batch, left.shape[-2], right.shape[-1])
 
 
 def _int_add(node: onnx.NodeProto, inputs: list[Any], attrs: dict[str, Any], ctx: _Context) -> list[_Value] | None:
@@ -491,7 +504,8 @@ def _dequantize(node: onnx.NodeProto, inputs: list[Any], attrs: dict[str, Any], 
     scale_b = _param(scale, axis, q.ndim).astype(np.float64)
     zero_b = _param(zero, axis, q.ndim).astype(np.int64)
     signed = bool(np.issubdtype(q.dtype, np.signedinteger))
-    return [_Quant(q.astype(np.int64), scale_b, zero_b, wide=q.dtype.itemsize > 1, dtype=scale.dtype, signed=signed)]
+    wide, constant = q.dtype.itemsize > 1, node.input[0] in ctx.constants
+    return [_Quant(q.astype(np.int64), scale_b, zero_b, wide=wide, dtype=scale.dtype, signed=signed, constant=constant)]
 
 
 def _shape_op(node: onnx.NodeProto, inputs: list[Any], attrs: dict[str, Any], ctx: _Context) -> list[_Value] | None:
@@ -560,7 +574,11 @@ def _execute(
     if ctx.rounding not in ROUNDINGS:
         raise ValueError(f"rounding must be one of {ROUNDINGS}, got {ctx.rounding!r}")
     graph = qdq_model.graph
-    ctx = replace(ctx, opsets=list(qdq_model.opset_import))
+    constants = {init.name for init in graph.initializer} - {value.name for value in graph.input}
+    for node in graph.node:  # what is computed from constants alone (a weight's Q -> DQ) is constant too
+        if all(name in constants for name in node.input if name):
+            constants.update(name for name in node.output if name)
+    ctx = replace(ctx, opsets=list(qdq_model.opset_import), constants=frozenset(constants))
     env: dict[str, _Value] = {init.name: numpy_helper.to_array(init) for init in graph.initializer}
     for value in graph.input:
         if value.name in inputs:

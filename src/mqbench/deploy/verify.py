@@ -49,7 +49,7 @@ from mqbench.deploy.onnx_graph import ort_session
 from mqbench.deploy.qdq import insert_qdq
 from mqbench.deploy.table import QParamTable, TensorQParams
 from mqbench.fake_quantize.quantize_base import QuantizeBase
-from mqbench.nn.quantized.saturation import ONEDNN_AVX2, ORT_MLAS_AVX2, PairSaturation
+from mqbench.nn.quantized.saturation import ONEDNN_AVX2, ORT_MLAS_AVX2, ORT_QLINEAR_AVX2, PairSaturation
 from mqbench.utils.host import host_facts
 
 __all__ = ["ArtifactReport", "HostReport", "TensorDiff", "VerifyReport", "simulate", "verify_deploy"]
@@ -362,8 +362,8 @@ class _Run:
 
         if self.predictions is None:
             self.predictions = {}
-            if _may_saturate(result.table):
-                model = onnx.load(result.artifacts["onnx"])
+            model = onnx.load(result.artifacts["onnx"])
+            if _may_saturate(result.table) or _activation_products(model):
                 self.predictions, _ = saturated_layers(model, feeds, (ORT_MLAS_AVX2, ONEDNN_AVX2))
         return self.predictions.get(saturation.runtime, {})
 
@@ -410,8 +410,9 @@ def _compare(
 
 # -- the host verdict ------------------------------------------------------------------------------
 _REDUCE_RANGE = (
-    'prepare with prepare_custom_config_dict={"reduce_range": True} (7-bit weights in [-64, 63], which cannot '
-    "saturate; the simulation follows), or serve on a CPU with VNNI"
+    'prepare with prepare_custom_config_dict={"reduce_range": True} (7-bit weights in [-64, 63], and the same '
+    "for the right operand of products of two activations, which cannot saturate; the simulation follows), "
+    "or serve on a CPU with VNNI"
 )
 _UINT8_WEIGHTS = 'or deploy with qlinear_weight_type="uint8" (u8 x u8 kernels do not saturate; slower)'
 
@@ -422,6 +423,20 @@ def _may_saturate(table: QParamTable) -> bool:
         entry.kind == "weight" and entry.grid == "linear" and max(-entry.quant_min, entry.quant_max) > 64
         for entry in table.values()
     )
+
+
+def _activation_products(model: onnx.ModelProto) -> bool:
+    """A MatMul of two values computed at run time (attention), which OpenVINO's int8 kernels may saturate."""
+    constants = {init.name for init in model.graph.initializer}
+    producers = {output: node for node in model.graph.node for output in node.output}
+
+    def computed(name: str) -> bool:
+        node = producers.get(name)
+        if node is not None and node.op_type == "DequantizeLinear":
+            return node.input[0] not in constants
+        return name not in constants
+
+    return any(node.op_type == "MatMul" and all(map(computed, node.input[:2])) for node in model.graph.node)
 
 
 def _host_verdict(
@@ -536,7 +551,7 @@ def _verify_qlinear(result: Any, feeds: Mapping[str, np.ndarray], run: _Run) -> 
     integer = exposed_tensors(model, result.table)  # tensor -> (integer tensor name, scale, zero point)
     names = list(dict.fromkeys([name for name, _, _ in integer.values()] + list(result.output_names)))
     # what the file means (exact int32 accumulation), recording where a CPU without VNNI would saturate
-    record = (ORT_MLAS_AVX2,) if run.host and run.predict is not False and _may_saturate(result.table) else ()
+    record = (ORT_QLINEAR_AVX2,) if run.host and run.predict is not False and _may_saturate(result.table) else ()
     predictions, raw = saturated_layers(qlinear_as_qdq(model), feeds, record, names)
     values, exposed = _dequantize_integers(raw, integer, result)
     report = _compare(
@@ -553,8 +568,8 @@ def _verify_qlinear(result: Any, feeds: Mapping[str, np.ndarray], run: _Run) -> 
         host = HostReport("qlinear_onnx", "onnxruntime (integer ops)")
         host = _compare(host, values, result.table, exposed, run, result.output_names)
         remedy = f"{_REDUCE_RANGE}, {_UINT8_WEIGHTS}"
-        predicted = predictions.get(ORT_MLAS_AVX2.runtime, {})
-        report.host = _host_verdict(host, predicted, ORT_MLAS_AVX2, remedy, run.tolerance)
+        predicted = predictions.get(ORT_QLINEAR_AVX2.runtime, {})
+        report.host = _host_verdict(host, predicted, ORT_QLINEAR_AVX2, remedy, run.tolerance)
     return report
 
 

@@ -42,7 +42,7 @@ _SHOWN = 10  # quantizer names an error lists before "and N more"
 
 
 class UncalibratedError(RuntimeError):
-    """Fake quantization switched on in quantizers whose observers never saw a tensor."""
+    """Quantizers whose observers never saw a tensor, asked to quantize (a forward, or a deployment)."""
 
 
 def quantizers(model: nn.Module) -> Iterator[tuple[str, QuantizeBase]]:

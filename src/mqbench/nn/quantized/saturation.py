@@ -17,11 +17,21 @@ Which products are adjacent is the kernel's data layout, described by a :class:`
 * ``layout="tap"``: channels are paired within each kernel tap, an odd channel count padded with a
   zero (oneDNN's blocked weights, as OpenVINO's CPU plugin runs them).
 
-Signed 8-bit activations: onnxruntime runs them on a signed x signed kernel that does not saturate
-(``signed_shift=None``); oneDNN shifts them by 128 into unsigned values first and subtracts the
-shift's contribution afterwards (``signed_shift=128``), so the shifted values saturate. Depthwise
-convolutions run on kernels that widen each product and never saturate. Measured on an AVX2 host
-against onnxruntime 1.32 and OpenVINO 2026.4: this model reproduces their int8 accumulators exactly.
+Signed 8-bit activations are shifted by 128 into unsigned values first, the shift's contribution
+subtracted afterwards (``signed_shift=128``), so the shifted values saturate: oneDNN does so, and
+onnxruntime converts the int8 activations of a Q/DQ graph to uint8 before fusing its int8 kernels
+(:data:`ORT_MLAS_AVX2`). Int8 activations that stay int8 (a QLinear graph's, and a Q/DQ graph's
+whose int8 tensors are graph outputs, which onnxruntime cannot retype) run on signed x signed
+kernels that do not saturate (:data:`ORT_QLINEAR_AVX2`).
+Depthwise convolutions run on kernels that widen each product and never saturate.
+
+Products of two activations (attention's ``Q K^T`` and ``P V``): the right operand takes the
+weights' place. OpenVINO runs them on the same kernels (``activation_products=True``: they saturate
+where the right operand is signed); onnxruntime's kernels for a right operand computed at run time
+do not saturate. Measured on an AVX2 host against onnxruntime 1.32 and OpenVINO 2026.4: this model
+reproduces their int8 accumulators exactly where they run a layer on int8 kernels (onnxruntime runs
+some matrix products in float after its own fusions, e.g. a bias Add and GELU after a MatMul, so a
+layer predicted to saturate may still be served exactly).
 
 :func:`pair_saturation_correction` returns what saturation adds to the exact accumulator, so
 ``exact + correction`` is what such a CPU computes.
@@ -48,6 +58,7 @@ __all__ = [
     "LAYOUTS",
     "ONEDNN_AVX2",
     "ORT_MLAS_AVX2",
+    "ORT_QLINEAR_AVX2",
     "PairSaturation",
     "conv_saturation_correction",
     "pair_saturation_correction",
@@ -65,6 +76,7 @@ class PairSaturation:
     runtime: str
     layout: str  # see the module notes
     signed_shift: int | None  # signed activations shifted by this into u8 before the products; None: not saturating
+    activation_products: bool = False  # products of two activations saturate too
 
     def __post_init__(self) -> None:
         if self.layout not in LAYOUTS:
@@ -79,8 +91,9 @@ class PairSaturation:
         return q + self.signed_shift
 
 
-ORT_MLAS_AVX2 = PairSaturation("onnxruntime", "flat", None)
-ONEDNN_AVX2 = PairSaturation("OpenVINO", "tap", 128)
+ORT_MLAS_AVX2 = PairSaturation("onnxruntime", "flat", 128)  # serving a Q/DQ graph
+ORT_QLINEAR_AVX2 = PairSaturation("onnxruntime", "flat", None)  # int8 activations kept (a QLinear graph)
+ONEDNN_AVX2 = PairSaturation("OpenVINO", "tap", 128, activation_products=True)
 
 
 def pair_saturation_correction(columns: np.ndarray, weights: np.ndarray, layout: str) -> np.ndarray:
