@@ -89,6 +89,29 @@ def test_a_registered_backend_config_prepares_deploys_and_verifies(declared_back
     assert verified.max_lsb_diff <= 1
 
 
+@pytest.mark.parametrize(
+    "exclusion",
+    [{"exclude_node_name": ["fc"]}, {"exclude_module_name": ["fc"]}],
+    ids=["node_name", "module_name"],
+)
+def test_extra_quantizer_dict_exclusions_mean_the_same_on_a_declared_backend(declared_backend, exclusion):
+    """Each exclusion key leaves the layer float, as on a built-in backend, and the report says why."""
+    qmodel = prepare_by_platform(Net().eval(), declared_backend, {"extra_quantizer_dict": exclusion})
+    quantizers = {name for name, m in qmodel.named_modules() if isinstance(m, QuantizeBase)}
+    assert not any(name.startswith("fc") for name in quantizers)
+    assert "conv.weight_fake_quant" in quantizers and type(qmodel.fc) is nn.Linear
+    assert "excluded by prepare_custom_config_dict['extra_quantizer_dict']" in quantization_report(qmodel)
+
+
+def test_a_declared_backend_refuses_additions_that_only_its_patterns_can_declare(declared_backend):
+    for key, value in [
+        ("extra_quantizer_dict", {"additional_node_name": ["pool"]}),
+        ("extra_fuse_dict", {"additional_fusion_pattern": {(nn.Linear, nn.ReLU): lambda *m: m}}),
+    ]:
+        with pytest.raises(ValueError, match=r"declared by a BackendConfig.*add a BackendPatternConfig"):
+            prepare_by_platform(Net().eval(), declared_backend, {key: value})
+
+
 def test_register_backend_rejects_other_objects_and_empty_configs():
     with pytest.raises(ValueError, match="BackendSpec or a BackendConfig"):
         register_backend("nothing", object())

@@ -41,22 +41,38 @@ __all__ = ["DeclaredModelQuantizer", "backend_spec_from_config"]
 _SIGNED = {torch.qint8: True, torch.quint8: False, torch.int8: True, torch.uint8: False}
 
 
+# What a BackendConfig decides itself: these keys would add to it, which only a pattern can say.
+_DECLARED_BY_PATTERNS = (
+    "additional_function_type",
+    "additional_module_type",
+    "additional_node_name",
+    "additional_fuser_method_mapping",
+    "additional_fusion_pattern",
+    "additional_qat_module_mapping",
+)
+
+
 class DeclaredModelQuantizer(ModelQuantizer):
-    """The engine's passes with the per-node decisions of the spec's BackendConfig."""
+    """The engine's passes with the per-node decisions of the spec's BackendConfig.
+
+    The exclusion keys of ``extra_quantizer_dict`` (``exclude_node_name``, ``exclude_module_name``,
+    ``exclude_function_type``) mean what they mean on a built-in backend; the ``additional_*``
+    keys are refused, since what is quantized and fused is the BackendConfig's to declare.
+    """
 
     def prepare(self, model: fx.GraphModule, qconfig: QConfigPair, is_qat: bool) -> fx.GraphModule:
         backend_config = self.spec.declared
         if not isinstance(backend_config, BackendConfig):
             raise ValueError(f"backend {self.spec.name!r} declares no BackendConfig")
+        given = {**self.extra_quantizer_dict, **self.extra_fuse_dict}
+        additions = [key for key in _DECLARED_BY_PATTERNS if given.get(key)]
+        if additions:
+            raise ValueError(
+                f"backend {self.spec.name!r} is declared by a BackendConfig, which decides what is quantized and "
+                f"fused: {', '.join(additions)} cannot add to it; add a BackendPatternConfig for the op instead"
+            )
         uniform = QConfig(activation=qconfig.activation, weight=qconfig.weight)
-        excluded = set(self.extra_quantizer_dict.get("exclude_module_name", ()))
-
-        def qconfig_for(name: str, op: Any, index: int | None) -> QConfig | None:
-            if any(name == e or name.startswith(e + ".") for e in excluded):
-                return None
-            return uniform
-
-        return apply_backend_config(model, backend_config, qconfig_for, is_qat)
+        return apply_backend_config(model, backend_config, lambda *_: uniform, is_qat, self._excluded(model))
 
 
 def _quantizer(constraint: DTypeWithConstraints | None, weight: bool, backend: str) -> QuantizerSpec:

@@ -20,6 +20,7 @@ Every decision is kept on the prepared model (``decisions_of``) for
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -223,11 +224,14 @@ def _is_fused_weighted(modules: Mapping[str, nn.Module], node: fx.Node) -> bool:
 def _warn_once_per_reason(decisions: Mapping[str, NodeDecision]) -> None:
     reasons: dict[str, list[str]] = {}
     for decision in decisions.values():
-        if not decision.quantized and not decision.reason.startswith(("part of", "no qconfig")):
+        if not decision.quantized and not decision.reason.startswith(("part of", "no qconfig", "excluded")):
             reasons.setdefault(decision.reason, []).append(decision.node)
     for reason, nodes in reasons.items():
         shown = ", ".join(nodes[:5]) + (f" and {len(nodes) - 5} more" if len(nodes) > 5 else "")
         warnings.warn(f"left in float: {shown}: {reason}", stacklevel=3)
+
+
+_EXCLUDED = "excluded by prepare_custom_config_dict['extra_quantizer_dict']"
 
 
 def apply_backend_config(
@@ -235,12 +239,20 @@ def apply_backend_config(
     backend_config: BackendConfig,
     qconfig_for: Callable[[str, Op, int | None], QConfig | None],
     is_qat: bool,
+    excluded: Callable[[fx.Node], bool] | None = None,
 ) -> fx.GraphModule:
-    """Run the engine's passes on ``gm`` with the decisions ``backend_config`` and the qconfigs make."""
+    """Run the engine's passes on ``gm`` with the decisions ``backend_config`` and the qconfigs make.
+
+    ``excluded`` nodes (the user's exclusions) stay float, neither fused nor quantized.
+    """
     compiled = compile_backend_config(backend_config)
     qconfigs = node_qconfigs(gm, qconfig_for)
+    left_out = {node.name for node in gm.graph.nodes if excluded is not None and excluded(node)}
+    qconfigs.update(dict.fromkeys(left_out))
     gm = fuse_patterns(gm, compiled.fusers, is_qat, skip=lambda node: qconfigs.get(node.name) is None)
     decisions, quantized = _decide(gm, compiled, qconfigs)
+    for name in left_out & decisions.keys():
+        decisions[name] = dataclasses.replace(decisions[name], reason=_EXCLUDED)
     modules = dict(gm.named_modules())
 
     def weight_factory(node: fx.Node, module: nn.Module) -> Factory | None:
