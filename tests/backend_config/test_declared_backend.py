@@ -243,3 +243,55 @@ def test_prepare_qat_fx_folds_batchnorm_while_training():
         optimizer.step()
         losses.append(loss.item())
     assert losses[-1] < 0.8 * losses[0]
+
+
+class ConvBnNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(1, 4, 3, padding=1)
+        self.bn = nn.BatchNorm2d(4)
+        self.relu = nn.ReLU()
+        self.head = nn.Conv2d(4, 3, 1)
+
+    def forward(self, x):
+        return self.head(self.relu(self.bn(self.conv(x))))
+
+
+@pytest.mark.parametrize(
+    ("backend", "lowered", "kept"), [("snpe", {"conv", "head"}, None), ("tensorrt", {"conv"}, "head")]
+)
+def test_convert_fx_lowers_a_prepare_by_platform_model_and_names_what_it_keeps(backend, lowered, kept):
+    """A built-in backend's prepared model (no per-node decisions): its layers are found from the graph,
+    BatchNorm merged as deployment does; each integer layer computes its quantized output within 1 LSB."""
+    from mqbench.backend_config import convert_fx
+    from mqbench.nn import quantized as nnq
+
+    torch.manual_seed(0)
+    model = ConvBnNet().eval()
+    with torch.no_grad():
+        model.bn.running_mean.uniform_(-0.2, 0.2), model.bn.running_var.uniform_(0.5, 2.0)
+    qmodel = prepare_by_platform(model, backend)
+    enable_calibration(qmodel)
+    with torch.no_grad():
+        qmodel(torch.randn(16, 1, 8, 8))
+    if kept:
+        with pytest.warns(UserWarning, match=rf"convert_fx keeps 1 quantized op.*{kept}: its output is not quantized"):
+            converted = convert_fx(qmodel)
+    else:
+        converted = convert_fx(qmodel)
+    integer = {name for name, m in converted.named_modules() if isinstance(m, nnq.QuantizedModule)}
+    assert integer == lowered
+    enable_quantization(qmodel.eval())
+    simulated: dict[str, torch.Tensor] = {}
+    for name in lowered:  # the simulation's quantized output of each lowered layer
+        quantizer = qmodel.get_submodule(f"{name}_post_act_fake_quantizer")
+        quantizer.register_forward_hook(lambda m, i, o, name=name: simulated.__setitem__(name, o))
+    got: dict[str, torch.Tensor] = {}
+    for name in lowered:
+        converted.get_submodule(name).register_forward_hook(lambda m, i, o, name=name: got.__setitem__(name, o))
+    x = torch.randn(4, 1, 8, 8)
+    with torch.no_grad():
+        qmodel(x), converted(x)
+    for name in lowered:
+        step = float(qmodel.get_submodule(f"{name}_post_act_fake_quantizer").scale.max())
+        assert float((got[name] - simulated[name]).abs().max()) <= step * 1.001, name

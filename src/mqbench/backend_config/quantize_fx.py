@@ -32,6 +32,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import operator
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -45,6 +46,7 @@ from mqbench.custom_quantizer.passes import set_submodule
 from mqbench.fake_quantize import QuantizeBase
 from mqbench.nn import quantized as nnq
 from mqbench.nn.intrinsic import qat as nniqat
+from mqbench.nn.intrinsic.qat.modules.bn_folding import BnFoldingModule
 from mqbench.nn.qat import modules as nnqat
 from mqbench.utils.state import enable_calibration, enable_quantization
 from mqbench.utils.tracer import trace
@@ -161,29 +163,51 @@ def convert_fx(
     model = copy.deepcopy(prepared).eval()
     enable_quantization(model)
     decisions = decisions_of(model)
+    # A model prepared by prepare_by_platform carries no decisions: its layers are found from the
+    # graph (a weight quantizer, or a quantized addition), BatchNorm merged first as deployment does.
+    declared = bool(decisions)
+    if not declared:
+        _merge_batchnorm(model)
     lowered: set[str] = set()
     # Read every layer's quantizers first: lowering one layer removes the quantizer its reader shares.
     plans: list[tuple[fx.Node, fx.Node, nn.Module]] = []
+    left: dict[str, str] = {}  # quantized layers kept with fake quantizers, and why
     for node in list(model.graph.nodes):
         decision = decisions.get(node.name)
-        if decision is None or not decision.quantized:
+        if declared and (decision is None or not decision.quantized):
+            continue
+        module = model.get_submodule(str(node.target)) if node.op == "call_module" else None
+        elementwise = node.op == "call_function" and node.target in _ELEMENTWISE
+        if not declared and not (elementwise or hasattr(module, "weight_fake_quant")):
             continue
         output_node = _output_quantizer_node(model, node)
         output_quantizer = _quantizer(model, output_node)
         if output_node is None or output_quantizer is None:
+            left[node.name] = "its output is not quantized (read in float)"
             continue
-        if node.op == "call_module":
-            module = model.get_submodule(str(node.target))
+        if module is not None:
             target = _reference_module(backend_config, module) or _LOWERED.get(type(module))
             input_quantizer = _quantizer(model, node.args[0] if node.args else None)
-            if target is not None and input_quantizer is not None:
+            if target is None:
+                left[node.name] = f"no integer module for {type(module).__name__}"
+            elif input_quantizer is None:
+                left[node.name] = "its input is not quantized right before it"
+            else:
                 plans.append((node, output_node, target.from_observed(module, input_quantizer, output_quantizer)))
-        elif node.op == "call_function" and node.target in _ELEMENTWISE:
+        elif elementwise:
             quantizers = [_quantizer(model, arg) for arg in node.args[:2]]
             if len(quantizers) == 2 and None not in quantizers:
                 plans.append(
                     (node, output_node, _ELEMENTWISE[node.target].from_observed(*quantizers, output_quantizer))
                 )
+            elif declared or any(q is not None for q in quantizers):
+                left[node.name] = "not both of its inputs are quantized"
+    if left:
+        shown = "; ".join(f"{name}: {reason}" for name, reason in list(left.items())[:8])
+        more = f" and {len(left) - 8} more" if len(left) > 8 else ""
+        warnings.warn(
+            f"convert_fx keeps {len(left)} quantized op(s) with fake quantizers ({shown}{more})", stacklevel=2
+        )
     renamed: dict[str, tuple[str, str]] = {}  # old node name -> (new name, reason)
     for node, output_node, integer in plans:
         old = node.name
@@ -216,6 +240,13 @@ def convert_fx(
     model.recompile()
     model.meta[DECISIONS_ATTRIBUTE] = decisions
     return model
+
+
+def _merge_batchnorm(model: fx.GraphModule) -> None:
+    """Replace every BatchNorm-folding QAT module by its merged layer (the deployed weights, eval mode)."""
+    for name, module in list(model.named_modules()):
+        if isinstance(module, BnFoldingModule):
+            set_submodule(model, name, module.merge_bn().eval())
 
 
 def _reference_module(backend_config: BackendConfig | None, module: nn.Module) -> Any:
