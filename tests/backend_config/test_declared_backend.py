@@ -8,6 +8,7 @@ from torch import nn
 
 import mqbench.nn.intrinsic as nni
 import mqbench.nn.intrinsic.qat as nniqat
+from backend_configs import config_for
 from mqbench.backend_config import (
     BackendConfig,
     BackendPatternConfig,
@@ -20,7 +21,7 @@ from mqbench.backends import ParamsTable, register_backend
 from mqbench.convert_deploy import convert_deploy
 from mqbench.deploy.verify import verify_deploy
 from mqbench.fake_quantize import QuantizeBase
-from mqbench.prepare_by_platform import prepare_by_platform
+from mqbench.prepare_by_platform import BackendType, prepare_by_platform
 from mqbench.utils.state import enable_calibration, enable_quantization
 
 ACTIVATION = DTypeWithConstraints(dtype=torch.quint8, scale_min_lower_bound=2**-12)
@@ -295,3 +296,43 @@ def test_convert_fx_lowers_a_prepare_by_platform_model_and_names_what_it_keeps(b
     for name in lowered:
         step = float(qmodel.get_submodule(f"{name}_post_act_fake_quantizer").scale.max())
         assert float((got[name] - simulated[name]).abs().max()) <= step * 1.001, name
+
+
+@pytest.mark.parametrize("backend", [b.value for b in BackendType])
+def test_get_qconfig_mapping_quantizes_what_prepare_by_platform_quantizes(backend):
+    """prepare_fx with a backend's own BackendConfig and qconfig mapping puts weight quantizers where
+    prepare_by_platform does; PyTorch's default mapping is refused by most backends, with a warning."""
+    import warnings
+
+    from mqbench.backend_config import get_backend_config, get_qconfig_mapping, prepare_fx
+    from mqbench.models import DigitsCNN
+
+    extra = (config_for(backend) or {}).get("extra_qconfig_dict")
+    model = DigitsCNN().eval()
+    x = torch.randn(4, 1, 8, 8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # ops a backend leaves float are named: not the point here
+        declared = prepare_fx(
+            model, get_qconfig_mapping(backend, extra), (x,), backend_config=get_backend_config(backend)
+        )
+    builtin = prepare_by_platform(model, backend, config_for(backend))
+
+    def weighted(prepared):
+        return {n.rsplit(".", 1)[0] for n, m in prepared.named_modules() if n.endswith("weight_fake_quant")}
+
+    if backend.endswith("_nlp"):  # their read-back declares Linear and matmul: the convolutions' weights differ
+        assert weighted(declared) == {"fc"} < weighted(builtin)
+    else:
+        assert weighted(declared) == weighted(builtin) and weighted(builtin)
+    declared(x)  # calibrates
+
+
+def test_a_qconfig_mapping_that_quantizes_nothing_is_named():
+    from mqbench.backend_config import get_backend_config, get_default_qconfig_mapping, prepare_fx
+    from mqbench.models import DigitsCNN
+
+    x = torch.randn(4, 1, 8, 8)
+    with pytest.warns(UserWarning, match=r"quantizes nothing.*get_qconfig_mapping\(backend\)"):
+        prepare_fx(
+            DigitsCNN().eval(), get_default_qconfig_mapping(), (x,), backend_config=get_backend_config("tensorrt")
+        )

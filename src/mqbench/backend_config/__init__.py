@@ -30,7 +30,7 @@ Example (a backend whose only op is an int8 linear with a minimum scale of 2**-1
 from __future__ import annotations
 
 from mqbench.backend_config.backend_config import BackendConfig, BackendPatternConfig, ObservationType
-from mqbench.backend_config.builtin import get_backend_config
+from mqbench.backend_config.builtin import get_backend_config, get_qconfig_mapping
 from mqbench.backend_config.constraints import (
     CONSTRAINT_NAMES,
     ConstraintViolation,
@@ -86,6 +86,7 @@ __all__ = [
     "first_matching_dtype_config",
     "get_backend_config",
     "get_default_qconfig_mapping",
+    "get_qconfig_mapping",
     "observer_info",
     "op_name",
     "pattern_ops",

@@ -75,6 +75,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterator, Mapping
 from types import MappingProxyType
+from typing import Any
 
 import torch
 from torch import nn
@@ -82,15 +83,18 @@ from torch import nn
 from mqbench.backend_config.backend_config import BackendConfig, BackendPatternConfig, ObservationType
 from mqbench.backend_config.dtype_config import DTypeConfig, DTypeWithConstraints
 from mqbench.backend_config.pattern import Op, check_op, op_name
+from mqbench.backend_config.qconfig import QConfig
+from mqbench.backend_config.qconfig_mapping import QConfigMapping
 from mqbench.backends.registry import resolve_backend
 from mqbench.backends.spec import BackendSpec, Placement, QuantizerSpec
 from mqbench.custom_quantizer.ops import FUNCTION_KINDS, METHOD_KINDS, MODULE_KINDS, WEIGHTED_KINDS
+from mqbench.custom_quantizer.qconfig import resolve_qconfig
 from mqbench.fuser_method_mapping import FUSER_METHODS, QAT_MODULE_MAPPING, activation_module
 from mqbench.nn import intrinsic as nni
 from mqbench.nn import quantized as nnq
 from mqbench.scheme import QuantScheme
 
-__all__ = ["get_backend_config"]
+__all__ = ["get_backend_config", "get_qconfig_mapping"]
 
 # Used where a spec has no schemes (the Academic backends): PyTorch's 8-bit defaults.
 _DEFAULT_ACTIVATION = QuantScheme(8, symmetric=False)  # quint8 [0, 255]
@@ -308,3 +312,32 @@ def get_backend_config(backend: BackendSpec | str) -> BackendConfig:
     for kind in sorted(placement.inputs_of | placement.outputs_of | placement.passthrough):
         config.set_backend_pattern_configs(_quantization_configs(kind, spec, fused))
     return config
+
+
+def _with_dtype(factory: Any) -> Any:
+    """``factory`` with the dtype its integer range needs (16-bit grids declare int16 / uint16)."""
+    low, high = factory.kwargs.get("quant_min"), factory.kwargs.get("quant_max")
+    if low is None or high is None:
+        return factory
+    return factory.with_args(dtype=_grid(16 if high - low + 1 > 256 else 8, low, high).dtype)
+
+
+def get_qconfig_mapping(
+    backend: BackendSpec | str, extra_qconfig_dict: Mapping[str, Any] | None = None
+) -> QConfigMapping:
+    """The QConfigMapping whose qconfig the backend's dtype configs accept: its own default quantizers.
+
+    With ``get_backend_config(backend)``, ``prepare_fx`` then quantizes what ``prepare_by_platform``
+    quantizes (``get_default_qconfig_mapping`` is PyTorch's quint8 default, which most backends'
+    constraints refuse). ``extra_qconfig_dict`` changes the schemes as it does for
+    ``prepare_by_platform`` (the Academic backends need it).
+
+    Example:
+        >>> from mqbench.backend_config import get_qconfig_mapping
+        >>> qconfig = get_qconfig_mapping("tensorrt").global_qconfig
+        >>> qconfig.weight.kwargs["quant_min"], qconfig.activation.kwargs["quant_min"]
+        (-127, -127)
+    """
+    pair = resolve_qconfig(resolve_backend(backend), extra_qconfig_dict)
+    qconfig = QConfig(activation=_with_dtype(pair.activation), weight=_with_dtype(pair.weight))
+    return QConfigMapping().set_global(qconfig)

@@ -296,6 +296,13 @@ def apply_backend_config(
 
     gm = insert_activation_quantizers(gm, sites, activation_factory)
     gm.meta[DECISIONS_ATTRIBUTE] = decisions
+    if not quantized and any(q is not None for q in qconfigs.values()):
+        warnings.warn(
+            f"BackendConfig {backend_config.name!r} quantizes nothing in this model with these qconfigs: every "
+            "op stays float (see quantization_report); get_qconfig_mapping(backend) gives the qconfigs a "
+            "built-in backend's dtype configs accept",
+            stacklevel=3,
+        )
     _warn_once_per_reason(decisions)
     return gm
 
