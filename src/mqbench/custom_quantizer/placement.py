@@ -15,8 +15,6 @@ from mqbench.custom_quantizer.ops import WEIGHTED_KINDS, is_identity, node_kind
 
 __all__ = ["ActivationSite", "plan_activation_quantizers"]
 
-ALL_USERS = None  # marker: every consumer of the value reads the quantized tensor
-
 _NON_TENSOR_METHODS = frozenset({"size", "dim", "numel", "__len__", "tolist", "item"})
 # ops that move a tensor's values without computing new ones (a quantizer before them quantizes the result)
 _DATA_MOVEMENT = frozenset(

@@ -68,7 +68,8 @@ METADATA_KEY = "mqbench.integer_tensors"  # model metadata: the integer tensors,
 
 IntegerTensors = dict[str, tuple[str, float | np.ndarray, int | np.ndarray]]
 
-_SHAPE_OPS = frozenset({"Flatten", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Identity"})
+# Data movement: run on the integers themselves, and not counted as ops left in float.
+_SHAPE_OPS = frozenset({"Identity", "Flatten", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Shape", "Gather"})
 _UNARY = {
     "GlobalAveragePool": "QLinearGlobalAveragePool",
     "AveragePool": "QLinearAveragePool",
@@ -610,9 +611,6 @@ def exposed_tensors(model: onnx.ModelProto, table: QParamTable) -> IntegerTensor
                 np.asarray(zero, np.int32) if per_channel else int(zero),
             )
     return result
-
-
-_SHAPE_OPS = frozenset({"Identity", "Flatten", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Shape", "Gather"})
 
 
 def float_ops(model: onnx.ModelProto) -> list[onnx.NodeProto]:

@@ -17,7 +17,7 @@ from mqbench.functional import EPS, qparams_from_range
 from mqbench.utils.factory import Factory
 from mqbench.utils.state_dict import resize_to_state_dict
 
-__all__ = ["NonFiniteInputError", "ObserverBase", "default_quant_range"]
+__all__ = ["EMARange", "NonFiniteInputError", "ObserverBase", "default_quant_range"]
 
 _PER_CHANNEL = (torch.per_channel_affine, torch.per_channel_symmetric)
 _SYMMETRIC = (torch.per_tensor_symmetric, torch.per_channel_symmetric)
@@ -219,3 +219,23 @@ class ObserverBase(nn.Module):
     def extra_repr(self) -> str:
         channel = f", ch_axis={self.ch_axis}" if self.is_per_channel else ""
         return f"quant_min={self.quant_min}, quant_max={self.quant_max}, qscheme={self.qscheme}{channel}"
+
+
+class EMARange(ObserverBase):
+    """An observer whose range is the exponential moving average of each batch's (``ema_ratio`` weights the past).
+
+    Subclasses compute a batch's range in ``_batch_range``; the average is ``_update_ema_range``'s.
+    """
+
+    def __init__(self, *args: Any, ema_ratio: float = 0.9, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if not 0.0 <= ema_ratio < 1.0:
+            raise ValueError(f"ema_ratio must be in [0, 1), got {ema_ratio}")
+        self.ema_ratio = ema_ratio
+
+    def _batch_range(self, rows: Tensor) -> tuple[Tensor, Tensor]:
+        raise NotImplementedError
+
+    def _observe(self, rows: Tensor) -> None:
+        lo, hi = self._batch_range(rows)
+        self._update_ema_range(lo, hi, self.ema_ratio)

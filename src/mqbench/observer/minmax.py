@@ -7,7 +7,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from mqbench.observer.base import ObserverBase, row_min_max
+from mqbench.observer.base import EMARange, ObserverBase, row_min_max
 from mqbench.observer.search import quantization_error
 
 __all__ = ["EMAMinMaxObserver", "MinMaxFloorObserver", "MinMaxObserver", "PoTModeObserver"]
@@ -25,7 +25,7 @@ class MinMaxObserver(ObserverBase):
     """
 
 
-class EMAMinMaxObserver(ObserverBase):
+class EMAMinMaxObserver(EMARange):
     """Exponential moving average of each batch's min and max (``ema_ratio`` weights the past).
 
     Example:
@@ -36,16 +36,10 @@ class EMAMinMaxObserver(ObserverBase):
         3.0
     """
 
-    def __init__(self, *args: Any, ema_ratio: float = 0.9, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        if not 0.0 <= ema_ratio < 1.0:
-            raise ValueError(f"ema_ratio must be in [0, 1), got {ema_ratio}")
-        self.ema_ratio = ema_ratio
-
-    def _observe(self, rows: Tensor) -> None:
+    def _batch_range(self, rows: Tensor) -> tuple[Tensor, Tensor]:
         lo, hi = row_min_max(rows)
         self.check_finite(lo, hi)
-        self._update_ema_range(lo, hi, self.ema_ratio)
+        return lo, hi
 
 
 def _symmetric_pot_exponent(amax: Tensor, quant_max: int, eps: float) -> Tensor:

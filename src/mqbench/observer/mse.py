@@ -8,7 +8,7 @@ import torch
 from torch import Tensor
 
 from mqbench.functional import qparams_from_range
-from mqbench.observer.base import ObserverBase, row_min_max
+from mqbench.observer.base import EMARange, ObserverBase, row_min_max
 from mqbench.observer.search import quantization_error
 
 __all__ = ["EMAMSEObserver", "MSEObserver"]
@@ -88,7 +88,7 @@ class MSEObserver(_RangeSearchObserver):
         self._update_min_max(*self.best_range(rows))
 
 
-class EMAMSEObserver(_RangeSearchObserver):
+class EMAMSEObserver(EMARange, _RangeSearchObserver):
     """Lp-error-optimal clipping per batch, averaged over batches with ``ema_ratio`` weighting the past.
 
     Example:
@@ -99,12 +99,5 @@ class EMAMSEObserver(_RangeSearchObserver):
         2.0
     """
 
-    def __init__(self, *args: Any, ema_ratio: float = 0.9, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        if not 0.0 <= ema_ratio < 1.0:
-            raise ValueError(f"ema_ratio must be in [0, 1), got {ema_ratio}")
-        self.ema_ratio = ema_ratio
-
-    def _observe(self, rows: Tensor) -> None:
-        lo, hi = self.best_range(rows)
-        self._update_ema_range(lo, hi, self.ema_ratio)
+    def _batch_range(self, rows: Tensor) -> tuple[Tensor, Tensor]:
+        return self.best_range(rows)
