@@ -16,7 +16,7 @@ from torch import fx, nn
 
 from mqbench.backends.registry import ParamsTable, resolve_backend
 from mqbench.backends.spec import BackendSpec
-from mqbench.custom_quantizer.ops import FUNCTION_KINDS, METHOD_KINDS, MODULE_KINDS, WEIGHTED_KINDS, node_kind
+from mqbench.custom_quantizer.ops import FUNCTION_KINDS, METHOD_KINDS, MODULE_KINDS, edge_layers, node_kind
 from mqbench.custom_quantizer.passes import fuse_patterns, insert_activation_quantizers, swap_modules
 from mqbench.custom_quantizer.placement import ActivationSite, Rules, plan_activation_quantizers
 from mqbench.custom_quantizer.qconfig import QConfigPair, eight_bit_variant, reduced_range_variant, unsigned_variant
@@ -132,8 +132,7 @@ class ModelQuantizer:
         self, model: fx.GraphModule, qconfig: QConfigPair, excluded: Callable[[fx.Node], bool]
     ) -> Callable[[fx.Node, nn.Module], Factory | None]:
         modules = dict(model.named_modules())
-        weighted = [n for n in model.graph.nodes if node_kind(n, modules) in WEIGHTED_KINDS]
-        edges = {weighted[0], weighted[-1]} if self.spec.placement.first_last_8bit and weighted else set()
+        edges = edge_layers(model.graph, modules) if self.spec.placement.first_last_8bit else set()
 
         def factory_for(node: fx.Node, module: nn.Module) -> Factory | None:
             if excluded(node):

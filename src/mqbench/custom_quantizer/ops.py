@@ -27,6 +27,7 @@ __all__ = [
     "METHOD_KINDS",
     "MODULE_KINDS",
     "WEIGHTED_KINDS",
+    "edge_layers",
     "is_identity",
     "node_kind",
 ]
@@ -180,3 +181,9 @@ def node_kind(node: fx.Node, modules: Mapping[str, nn.Module]) -> str | None:
     if node.op == "call_method":
         return METHOD_KINDS.get(str(node.target))
     return None
+
+
+def edge_layers(graph: fx.Graph, modules: Mapping[str, nn.Module]) -> set[fx.Node]:
+    """The first and the last weighted layer in graph order (kept 8-bit where a backend asks)."""
+    weighted = [node for node in graph.nodes if node_kind(node, modules) in WEIGHTED_KINDS]
+    return {weighted[0], weighted[-1]} if weighted else set()

@@ -11,7 +11,7 @@ import torch
 from torch import fx, nn
 
 from mqbench.backends.spec import Placement
-from mqbench.custom_quantizer.ops import WEIGHTED_KINDS, is_identity, node_kind
+from mqbench.custom_quantizer.ops import WEIGHTED_KINDS, edge_layers, is_identity, node_kind
 
 __all__ = ["ActivationSite", "plan_activation_quantizers"]
 
@@ -174,8 +174,7 @@ def plan_activation_quantizers(
             site.consumers.add(consumer)
         return site
 
-    weighted = [n for n in graph.nodes if kinds[n] in WEIGHTED_KINDS]
-    edge_layers = {weighted[0], weighted[-1]} if placement.first_last_8bit and weighted else set()
+    edges = edge_layers(graph, modules) if placement.first_last_8bit else set()
     shared_groups: list[list[fx.Node]] = []
 
     for node in graph.nodes:
@@ -198,7 +197,7 @@ def plan_activation_quantizers(
                 inputs = []
             for value in inputs:
                 site = mark(value, node)
-                if site is not None and node in edge_layers:
+                if site is not None and node in edges:
                     site.eight_bit = True
         if kind in placement.shared_inputs_of:
             # the quantizers of these inputs (input- or output-placed) share one module
