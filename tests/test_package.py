@@ -64,6 +64,14 @@ def test_registries_hold_every_builtin():
     assert set(FakeQuantizeDict) >= EXPECTED_FAKE_QUANTIZERS
 
 
+def test_backend_type_names_exactly_the_builtin_backends():
+    from mqbench import prepare_by_platform
+    from mqbench.backends import BackendType, registry
+
+    assert [backend.value for backend in BackendType] == [module.SPEC.name for module in registry._BUILTIN]
+    assert prepare_by_platform.BackendType is BackendType  # the historical import path
+
+
 @pytest.mark.parametrize("name", sorted(EXPECTED_OBSERVERS))
 def test_observer_with_args_builds_and_observes(name):
     cls = ObserverDict[name]

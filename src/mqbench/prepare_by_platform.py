@@ -20,13 +20,12 @@ import copy
 import gc
 import types
 from collections.abc import Iterator
-from enum import Enum
 from typing import Any
 
 from torch import fx, nn
 from torch.fx.graph_module import _USER_PRESERVED_ATTRIBUTES_KEY
 
-from mqbench.backends.registry import resolve_backend
+from mqbench.backends.registry import BackendType, resolve_backend
 from mqbench.custom_quantizer.model_quantizer import ModelQuantizer
 from mqbench.custom_quantizer.qconfig import resolve_qconfig
 from mqbench.nn.intrinsic.qat import freeze_bn_stats
@@ -47,25 +46,6 @@ CONFIG_KEYS = (
 
 # The prepared GraphModule's attribute naming the backend it was prepared for (a str, not state).
 BACKEND_ATTRIBUTE = "mqbench_backend"
-
-
-class BackendType(str, Enum):
-    """The built-in backends; each value is the registered backend name."""
-
-    Academic = "academic"
-    Tensorrt = "tensorrt"
-    SNPE = "snpe"
-    PPLW8A16 = "pplw8a16"
-    NNIE = "nnie"
-    Vitis = "vitis"
-    ONNX_QNN = "onnx_qnn"
-    PPLCUDA = "pplcuda"
-    OPENVINO = "openvino"
-    Tengine_u8 = "tengine_u8"
-    Tensorrt_NLP = "tensorrt_nlp"
-    Academic_NLP = "academic_nlp"
-    STPU = "stpu"
-    QDQ = "qdq"
 
 
 def _keep_attribute(prepared: fx.GraphModule, name: str, value: Any) -> None:

@@ -30,7 +30,7 @@ from mqbench.backends import (
 )
 from mqbench.backends.spec import BackendSpec
 
-__all__ = ["BackendRegistry", "ParamsTable", "register_backend", "resolve_backend"]
+__all__ = ["BackendRegistry", "BackendType", "ParamsTable", "register_backend", "resolve_backend"]
 
 _BUILTIN = (
     academic,
@@ -48,6 +48,25 @@ _BUILTIN = (
     stpu,
     qdq,
 )
+
+
+class BackendType(str, Enum):
+    """The built-in backends; each value is the registered backend name."""
+
+    Academic = "academic"
+    Tensorrt = "tensorrt"
+    SNPE = "snpe"
+    PPLW8A16 = "pplw8a16"
+    NNIE = "nnie"
+    Vitis = "vitis"
+    ONNX_QNN = "onnx_qnn"
+    PPLCUDA = "pplcuda"
+    OPENVINO = "openvino"
+    Tengine_u8 = "tengine_u8"
+    Tensorrt_NLP = "tensorrt_nlp"
+    Academic_NLP = "academic_nlp"
+    STPU = "stpu"
+    QDQ = "qdq"
 
 
 def _key(backend: Any) -> str:
