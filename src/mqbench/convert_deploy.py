@@ -6,7 +6,7 @@ The pipeline (one data flow, the same for every backend):
    trained weight quantizers kept; every quantizer frozen to its fixed qparams and every
    quantized weight clipped to its integer range.
 2. :func:`convert_onnx`: ``torch.onnx.export`` (either path; ``extra_kwargs`` reach it), then the
-   strip step: the float ONNX (``deploy_onnx``) and a :class:`~mqbench.deploy.table.QParamTable`
+   strip step: the float ONNX (``deploy_onnx``) and a :class:`~mqbench.qparams.QParamTable`
    of every quantized tensor; the standard Q/DQ model (``onnx``) is built from the two.
 3. The backend's writers (``BackendSpec.deploy`` lists their artifact keys) and any step added
    with :func:`register_deploy_function`.
@@ -47,9 +47,9 @@ from mqbench.deploy.freeze import freeze_quantizers, merge_bn
 from mqbench.deploy.onnx_graph import save_model
 from mqbench.deploy.qdq import insert_qdq
 from mqbench.deploy.strip import export_marked, strip_quantizers
-from mqbench.deploy.table import QParamTable
 from mqbench.fake_quantize.quantize_base import QuantizeBase
 from mqbench.prepare_by_platform import BACKEND_ATTRIBUTE
+from mqbench.qparams import QParamTable
 
 __all__ = [
     "DeployContext",

@@ -1,5 +1,5 @@
 """Deployment: merge BN, strip fake quantization into a QParamTable, write and verify artifacts."""
 
-from mqbench.deploy.table import QParamTable, TensorQParams
+from mqbench.qparams import QParamTable, TensorQParams
 
 __all__ = ["QParamTable", "TensorQParams"]

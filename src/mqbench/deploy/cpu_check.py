@@ -10,7 +10,7 @@ finds such pairs from the weights alone (in onnxruntime's pairing, the finer one
 
 Example:
     >>> import numpy as np
-    >>> from mqbench.deploy.table import QParamTable, TensorQParams
+    >>> from mqbench.qparams import QParamTable, TensorQParams
     >>> w = np.array([[[[120.0]], [[100.0]]]], np.float32)      # one 1x1 conv, two input channels
     >>> table = QParamTable({"w": TensorQParams(np.array([1.0]), np.array([0]), -128, 127, kind="weight")})
     >>> saturating_weights(table, {"w": w})
@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from mqbench.deploy.table import QParamTable
+from mqbench.qparams import QParamTable
 
 __all__ = ["CPU_ARTIFACTS", "cpu_warning", "saturating_weights"]
 

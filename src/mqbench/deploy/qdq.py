@@ -9,7 +9,7 @@ and the logarithmic grid as its formula; both are exact on onnxruntime.
 Example:
     >>> import numpy as np, onnx
     >>> from onnx import helper, TensorProto
-    >>> from mqbench.deploy.table import QParamTable, TensorQParams
+    >>> from mqbench.qparams import QParamTable, TensorQParams
     >>> from mqbench.deploy.qdq import insert_qdq
     >>> graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"], name="relu")], "g",
     ...     [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
@@ -30,7 +30,7 @@ import onnx
 from onnx import helper
 
 from mqbench.deploy.onnx_graph import all_names, constant, consumers_of, initializer_map, topological_sort, unique_name
-from mqbench.deploy.table import QParamTable, TensorQParams
+from mqbench.qparams import QParamTable, TensorQParams
 
 __all__ = ["container", "insert_qdq"]
 

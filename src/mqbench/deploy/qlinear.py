@@ -24,7 +24,7 @@ Example:
     >>> import numpy as np
     >>> from onnx import TensorProto, helper, numpy_helper
     >>> from mqbench.deploy.qdq import insert_qdq
-    >>> from mqbench.deploy.table import QParamTable, TensorQParams
+    >>> from mqbench.qparams import QParamTable, TensorQParams
     >>> nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv"), helper.make_node("Relu", ["c"], ["y"])]
     >>> weight = numpy_helper.from_array(np.full((3, 2, 1, 1), 0.25, np.float32), "w")
     >>> graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 4, 4])],
@@ -56,7 +56,7 @@ from onnx import helper, numpy_helper
 
 from mqbench.deploy.onnx_graph import all_names, constant, eliminate_dead_nodes, save_model, topological_sort
 from mqbench.deploy.onnx_graph import unique_name as _unique
-from mqbench.deploy.table import QParamTable
+from mqbench.qparams import QParamTable
 
 if TYPE_CHECKING:
     from mqbench.convert_deploy import DeployContext

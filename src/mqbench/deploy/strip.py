@@ -38,7 +38,7 @@ from mqbench.deploy.onnx_graph import (
     topological_sort,
     unique_name,
 )
-from mqbench.deploy.table import QParamTable, TensorQParams
+from mqbench.qparams import QParamTable, TensorQParams
 
 __all__ = ["ExportedGraph", "export_marked", "strip_quantizers"]
 

@@ -47,9 +47,9 @@ from torch.utils import _pytree as pytree
 
 from mqbench.deploy.onnx_graph import ort_session
 from mqbench.deploy.qdq import insert_qdq
-from mqbench.deploy.table import QParamTable, TensorQParams
 from mqbench.fake_quantize.quantize_base import QuantizeBase
 from mqbench.nn.quantized.saturation import ONEDNN_AVX2, ORT_MLAS_AVX2, ORT_QLINEAR_AVX2, PairSaturation
+from mqbench.qparams import QParamTable, TensorQParams
 from mqbench.utils.host import host_facts
 
 __all__ = ["ArtifactReport", "HostReport", "TensorDiff", "VerifyReport", "simulate", "verify_deploy"]

@@ -9,7 +9,7 @@ Layout::
 ``amax`` is ``max(|min|, |max|)`` of the tensor's float range (TensorRT's
 ``ITensor::setDynamicRange(-amax, amax)``); a per-channel weight has one ``amax`` per output
 channel. ``qparams`` holds every entry of the parameter table in full
-(:meth:`~mqbench.deploy.table.TensorQParams.to_dict`, without the consumers), for tools and
+(:meth:`~mqbench.qparams.TensorQParams.to_dict`, without the consumers), for tools and
 for the Academic backends, whose quantizers need not be symmetric.
 
 Reading back (:func:`read`):
@@ -24,7 +24,7 @@ Reading back (:func:`read`):
 
 Example:
     >>> import numpy as np
-    >>> from mqbench.deploy.table import TensorQParams
+    >>> from mqbench.qparams import TensorQParams
     >>> from mqbench.deploy.writers.clip_ranges import amax
     >>> amax(TensorQParams(np.array([0.5]), np.array([0]), -127, 127))
     63.5
@@ -41,7 +41,6 @@ import numpy as np
 import onnx
 
 from mqbench.backends.spec import BackendSpec
-from mqbench.deploy.table import GRIDS, KINDS, QParamTable, TensorQParams
 from mqbench.deploy.writers.common import (
     ModelTensors,
     as_values,
@@ -56,6 +55,7 @@ from mqbench.deploy.writers.common import (
     scheme_for,
     write_json,
 )
+from mqbench.qparams import GRIDS, KINDS, QParamTable, TensorQParams
 
 if TYPE_CHECKING:
     from mqbench.convert_deploy import DeployContext

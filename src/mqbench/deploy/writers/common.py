@@ -22,7 +22,7 @@ import numpy as np
 import onnx
 
 from mqbench.backends.spec import BackendSpec
-from mqbench.deploy.table import QParamTable, TensorQParams
+from mqbench.qparams import QParamTable, TensorQParams
 from mqbench.scheme import QuantScheme
 
 if TYPE_CHECKING:

@@ -34,7 +34,6 @@ import onnx
 import torch
 
 from mqbench.backends.spec import BackendSpec
-from mqbench.deploy.table import QParamTable, TensorQParams
 from mqbench.deploy.writers.common import (
     ModelTensors,
     f32,
@@ -46,6 +45,7 @@ from mqbench.deploy.writers.common import (
     write_json,
 )
 from mqbench.fake_quantize.nnie import _exponent_offset
+from mqbench.qparams import QParamTable, TensorQParams
 
 if TYPE_CHECKING:
     from mqbench.convert_deploy import DeployContext

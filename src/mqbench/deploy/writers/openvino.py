@@ -5,7 +5,7 @@ OpenVINO's ONNX front end reads) at the place where the standard Q/DQ model has 
 DequantizeLinear: only the entry's ``consumers`` read the quantized value, and a quantized
 network output keeps its name. Inputs are ``X, input_low, input_high, output_low,
 output_high`` with ``levels = quant_max - quant_min + 1`` and low/high the entry's
-:meth:`~mqbench.deploy.table.TensorQParams.float_range` (shaped to broadcast along the axis
+:meth:`~mqbench.qparams.TensorQParams.float_range` (shaped to broadcast along the axis
 for per-channel weights). OpenVINO computes::
 
     round((x - input_low) / (input_high - input_low) * (levels - 1)) / (levels - 1)
@@ -18,7 +18,7 @@ so the parity of the tie flips when ``quant_min - zero_point`` is odd (e.g. ``[-
 Example:
     >>> import numpy as np
     >>> from onnx import TensorProto, helper
-    >>> from mqbench.deploy.table import QParamTable, TensorQParams
+    >>> from mqbench.qparams import QParamTable, TensorQParams
     >>> graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"], name="relu")], "g",
     ...     [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
     ...     [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])])
@@ -51,7 +51,7 @@ from mqbench.deploy.onnx_graph import (
     topological_sort,
     unique_name,
 )
-from mqbench.deploy.table import QParamTable, TensorQParams
+from mqbench.qparams import QParamTable, TensorQParams
 
 if TYPE_CHECKING:
     from mqbench.convert_deploy import DeployContext

@@ -18,7 +18,7 @@ grid (NNIE) has no PPL form; writing it raises ValueError.
 
 Example:
     >>> import numpy as np
-    >>> from mqbench.deploy.table import TensorQParams
+    >>> from mqbench.qparams import TensorQParams
     >>> from mqbench.deploy.writers.ppl import ppl_entry
     >>> ppl_entry(TensorQParams(np.array([0.5]), np.array([10]), 0, 255))
     {'step': 0.5, 'zero_point': 10, 'min': -5.0, 'max': 122.5, 'bit': 8, 'type': 'per_tensor'}
@@ -33,7 +33,6 @@ import numpy as np
 import onnx
 
 from mqbench.backends.spec import BackendSpec
-from mqbench.deploy.table import QParamTable, TensorQParams
 from mqbench.deploy.writers.common import (
     ModelTensors,
     get_float,
@@ -44,6 +43,7 @@ from mqbench.deploy.writers.common import (
     read_by_kind,
     write_by_kind,
 )
+from mqbench.qparams import QParamTable, TensorQParams
 
 if TYPE_CHECKING:
     from mqbench.convert_deploy import DeployContext

@@ -25,8 +25,8 @@ import onnx
 
 from mqbench.backends.spec import BackendSpec
 from mqbench.deploy import qlinear
-from mqbench.deploy.table import QParamTable
 from mqbench.deploy.writers import calib_cache, clip_ranges, nnie, openvino, ppl, snpe, stpu, tengine, vitis
+from mqbench.qparams import QParamTable
 
 if TYPE_CHECKING:
     from mqbench.convert_deploy import DeployContext

@@ -33,7 +33,7 @@ Per-channel lists are along axis 0 of the weight (axis 1 for a ConvTranspose wei
 
 Example:
     >>> import numpy as np
-    >>> from mqbench.deploy.table import TensorQParams
+    >>> from mqbench.qparams import TensorQParams
     >>> from mqbench.deploy.writers.snpe import encodings
     >>> encodings(TensorQParams(np.array([0.5]), np.array([10]), 0, 255))
     [{'bitwidth': 8, 'min': -5.0, 'max': 122.5, 'scale': 0.5, 'offset': -10, 'is_symmetric': 'False', 'dtype': 'int'}]
@@ -50,7 +50,6 @@ import numpy as np
 import onnx
 
 from mqbench.backends.spec import BackendSpec
-from mqbench.deploy.table import QParamTable, TensorQParams
 from mqbench.deploy.writers.common import (
     ModelTensors,
     f32,
@@ -61,6 +60,7 @@ from mqbench.deploy.writers.common import (
     make_entry,
     write_json,
 )
+from mqbench.qparams import QParamTable, TensorQParams
 
 if TYPE_CHECKING:
     from mqbench.convert_deploy import DeployContext

@@ -13,7 +13,7 @@ grid has no STPU form; writing it raises ValueError.
 
 Example:
     >>> import numpy as np
-    >>> from mqbench.deploy.table import TensorQParams
+    >>> from mqbench.qparams import TensorQParams
     >>> from mqbench.deploy.writers.stpu import stpu_entry
     >>> stpu_entry(TensorQParams(np.array([0.5]), np.array([0]), -127, 127))
     {'scale': 0.5, 'zero_point': 0, 'min': -63.5, 'max': 63.5, 'bits': 8, 'quant_min': -127, 'quant_max': 127}
@@ -28,7 +28,6 @@ import numpy as np
 import onnx
 
 from mqbench.backends.spec import BackendSpec
-from mqbench.deploy.table import QParamTable, TensorQParams
 from mqbench.deploy.writers.common import (
     ModelTensors,
     get_float,
@@ -39,6 +38,7 @@ from mqbench.deploy.writers.common import (
     read_by_kind,
     write_by_kind,
 )
+from mqbench.qparams import QParamTable, TensorQParams
 
 if TYPE_CHECKING:
     from mqbench.convert_deploy import DeployContext

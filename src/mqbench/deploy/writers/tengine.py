@@ -19,7 +19,7 @@ only loss is representational: a per-channel weight with a single channel comes 
 
 Example:
     >>> import numpy as np
-    >>> from mqbench.deploy.table import TensorQParams
+    >>> from mqbench.qparams import TensorQParams
     >>> from mqbench.deploy.writers.tengine import scale_lines
     >>> scale_lines("w", TensorQParams(np.array([0.5, 0.25]), np.array([128, 127]), 0, 255, axis=0))
     ['w 0.5 128', 'w 0.25 127']
@@ -35,8 +35,8 @@ import numpy as np
 import onnx
 
 from mqbench.backends.spec import BackendSpec
-from mqbench.deploy.table import QParamTable, TensorQParams
 from mqbench.deploy.writers.common import ModelTensors, f32, make_entry, scheme_for
+from mqbench.qparams import QParamTable, TensorQParams
 
 if TYPE_CHECKING:
     from mqbench.convert_deploy import DeployContext

@@ -35,7 +35,7 @@ reference to compare its results with.
 
 Example:
     >>> import numpy as np
-    >>> from mqbench.deploy.table import TensorQParams
+    >>> from mqbench.qparams import TensorQParams
     >>> from mqbench.deploy.writers.vitis import fix_positions
     >>> fix_positions("conv1", TensorQParams(np.array([2.0**-5]), np.array([0]), -128, 127))
     [[8, 5]]
@@ -54,8 +54,8 @@ import numpy as np
 import onnx
 
 from mqbench.backends.spec import BackendSpec
-from mqbench.deploy.table import QParamTable, TensorQParams, pot_exponent
 from mqbench.deploy.writers.common import ModelTensors, get_section, load_json, make_entry, write_json
+from mqbench.qparams import QParamTable, TensorQParams, pot_exponent
 
 if TYPE_CHECKING:
     from mqbench.convert_deploy import DeployContext

@@ -15,7 +15,7 @@ clamp. ``forward_integer`` exposes the integers. The kernels live in
 Example:
     >>> import numpy as np
     >>> import torch
-    >>> from mqbench.deploy.table import TensorQParams
+    >>> from mqbench.qparams import TensorQParams
     >>> from mqbench.nn import quantized as nnq
     >>> grid = TensorQParams(np.array([0.25]), np.array([2]), 0, 255)
     >>> mul = nnq.Mul(grid, grid, TensorQParams(np.array([0.125]), np.array([0]), -128, 127))

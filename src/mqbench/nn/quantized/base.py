@@ -9,7 +9,7 @@ fixed-point multiplier and shift and dequantized. ``forward_integer`` runs the i
 alone. The arithmetic runs in NumPy on the CPU (results come back on the input's device);
 nothing is differentiable.
 
-Quantization parameters are :class:`~mqbench.deploy.table.TensorQParams`;
+Quantization parameters are :class:`~mqbench.qparams.TensorQParams`;
 :func:`qparams_from_quantizer` reads them from an mqbench fake quantizer
 (``export_qparams()``).
 
@@ -32,8 +32,8 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from mqbench.deploy.table import TensorQParams
 from mqbench.nn.quantized import functional as QF
+from mqbench.qparams import TensorQParams
 
 __all__ = ["QuantizedModule", "check_qparams", "qparams_from_quantizer"]
 

@@ -10,7 +10,7 @@ Example:
     >>> import numpy as np
     >>> import torch
     >>> from torch import nn
-    >>> from mqbench.deploy.table import TensorQParams
+    >>> from mqbench.qparams import TensorQParams
     >>> from mqbench.nn.quantized import Conv2d
     >>> _ = torch.manual_seed(0)
     >>> act = TensorQParams(np.array([0.05]), np.array([0]), -128, 127)
@@ -31,9 +31,9 @@ from typing import ClassVar
 import numpy as np
 from torch import nn
 
-from mqbench.deploy.table import TensorQParams
 from mqbench.nn.quantized import functional as QF
 from mqbench.nn.quantized.weighted import WeightedQuantizedModule
+from mqbench.qparams import TensorQParams
 
 __all__ = [
     "Conv1d",

@@ -16,7 +16,7 @@ NumPy broadcasting applies to Add and Mul, as in PyTorch.
 Example:
     >>> import numpy as np
     >>> import torch
-    >>> from mqbench.deploy.table import TensorQParams
+    >>> from mqbench.qparams import TensorQParams
     >>> from mqbench.nn.quantized import Add
     >>> grid = TensorQParams(np.array([0.1]), np.array([0]), -128, 127)
     >>> add = Add(grid, grid, TensorQParams(np.array([0.2]), np.array([0]), -128, 127), relu=True)
@@ -35,9 +35,9 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from mqbench.deploy.table import TensorQParams
 from mqbench.nn.quantized import functional as QF
 from mqbench.nn.quantized.base import QuantizedModule, check_qparams, qparams_from_quantizer, to_numpy
+from mqbench.qparams import TensorQParams
 
 __all__ = ["Add", "Cat", "Mul"]
 

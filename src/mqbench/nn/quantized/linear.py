@@ -6,7 +6,7 @@ Example:
     >>> import numpy as np
     >>> import torch
     >>> from torch import nn
-    >>> from mqbench.deploy.table import TensorQParams
+    >>> from mqbench.qparams import TensorQParams
     >>> from mqbench.nn.intrinsic import LinearReLU as FloatLinearReLU
     >>> from mqbench.nn.quantized import LinearReLU
     >>> _ = torch.manual_seed(0)
@@ -27,9 +27,9 @@ from typing import ClassVar
 import numpy as np
 from torch import nn
 
-from mqbench.deploy.table import TensorQParams
 from mqbench.nn.quantized import functional as QF
 from mqbench.nn.quantized.weighted import WeightedQuantizedModule
+from mqbench.qparams import TensorQParams
 
 __all__ = ["Linear", "LinearReLU"]
 

@@ -15,7 +15,7 @@ Example:
     >>> import numpy as np
     >>> import torch
     >>> from torch import nn
-    >>> from mqbench.deploy.table import TensorQParams
+    >>> from mqbench.qparams import TensorQParams
     >>> from mqbench.nn.quantized import Linear
     >>> act = TensorQParams(np.array([2.0**-6]), np.array([0]), -128, 127)
     >>> wq = TensorQParams(np.array([2.0**-5]), np.array([0]), -127, 127, kind="weight")
@@ -37,11 +37,11 @@ import torch
 from torch import Tensor, nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from mqbench.deploy.table import TensorQParams
 from mqbench.nn.intrinsic.modules.fused import FusedModule
 from mqbench.nn.qat.modules.base import QATModule
 from mqbench.nn.quantized import functional as QF
 from mqbench.nn.quantized.base import QuantizedModule, check_qparams, qparams_from_quantizer, to_numpy
+from mqbench.qparams import TensorQParams
 from mqbench.utils.fusion import fold_bn_into, layer_init_kwargs
 
 __all__ = ["WeightedQuantizedModule", "integer_container"]
