@@ -96,3 +96,78 @@ def test_fake_quantizer_with_args_builds_and_runs(name):
     x = torch.randn(4, 8, 16)
     out = quantizer(x)
     assert out.shape == x.shape and torch.isfinite(out).all()
+
+
+def _module_imports() -> dict[str, tuple[set[str], set[str]]]:
+    """Each module of src/mqbench -> (the mqbench modules it imports anywhere, those imported inside functions).
+
+    Imports under ``if TYPE_CHECKING:`` are not executed and are left out; a package's ``__init__``
+    is the package's name.
+    """
+    import ast
+    from pathlib import Path
+
+    root = Path(mqbench.__file__).parent
+    names = {}
+    for path in root.rglob("*.py"):
+        parts = list(path.relative_to(root.parent).with_suffix("").parts)
+        names[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+
+    def targets(node: ast.AST) -> set[str]:
+        found = set()
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("mqbench"):
+            for alias in node.names:
+                child = f"{node.module}.{alias.name}"
+                found.add(child if child in names else node.module)
+        elif isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names if alias.name.startswith("mqbench")}
+        return {name for name in found if name in names}
+
+    result = {}
+    for module, path in names.items():
+        tree = ast.parse(path.read_text())
+        skipped = {
+            id(inner)
+            for block in ast.walk(tree)
+            if isinstance(block, ast.If)
+            and getattr(block.test, "id", getattr(block.test, "attr", "")) == "TYPE_CHECKING"
+            for inner in ast.walk(block)
+        }
+        everywhere, in_functions = set(), set()
+        for function in (n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
+            for node in ast.walk(function):
+                in_functions |= targets(node)
+        for node in ast.walk(tree):
+            if id(node) not in skipped:
+                everywhere |= targets(node)
+        result[module] = (everywhere - {module}, in_functions - {module})
+    return result
+
+
+def test_the_modules_of_mqbench_import_each_other_without_a_cycle():
+    """No import cycle, counting the imports inside functions too (which would otherwise hide one)."""
+    graph = {module: edges for module, (edges, _) in _module_imports().items()}
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(module: str) -> None:
+        state[module] = 1
+        path.append(module)
+        for other in sorted(graph[module]):
+            if state.get(other) == 1:
+                cycle = [*path[path.index(other) :], other]
+                raise AssertionError("import cycle: " + " -> ".join(cycle))
+            if other not in state:
+                visit(other)
+        path.pop()
+        state[module] = 2
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module)
+
+
+def test_imports_inside_functions_only_keep_the_command_line_fast():
+    """mqbench's own modules are imported at the top; the CLI defers its commands so `--help` needs no torch."""
+    deferred = {module: inner for module, (_, inner) in _module_imports().items() if inner}
+    assert set(deferred) <= {"mqbench.cli"}, deferred

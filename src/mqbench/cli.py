@@ -60,6 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def describe_backends() -> str:
     """One block per registered backend: schemes of weights and activations, and where quantizers go."""
+    # imported when the command runs: `mqbench --help` answers without loading torch
     from mqbench.backends import ParamsTable
 
     blocks = []
@@ -82,7 +83,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(describe_backends())
         return 0
     if args.command == "demo":
-        from mqbench.demo import run_demo
+        # imported when the command runs: `mqbench --help` answers without loading torch
+        from mqbench.app.demo import run_demo
 
         for name in ("epochs", "qat_epochs"):
             if getattr(args, name) < 1:
@@ -90,7 +92,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         rows = run_demo(epochs=args.epochs, qat_epochs=args.qat_epochs, seed=args.seed)
         return 0 if all(row.passed for row in rows) else 1
     if args.command == "verify":
-        from mqbench.deploy.check import run_verify_command
+        # imported when the command runs: `mqbench --help` answers without loading torch
+        from mqbench.app.check import run_verify_command
 
         try:
             return run_verify_command(

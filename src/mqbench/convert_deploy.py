@@ -31,8 +31,7 @@ import inspect
 import shutil
 import tempfile
 import warnings
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -42,14 +41,18 @@ from onnx import numpy_helper
 from torch import Tensor, nn
 
 from mqbench.backends import BackendSpec, resolve_backend
-from mqbench.backends.registry import _key
+from mqbench.deploy.context import DeployContext, DeployResult, DeployStep
+from mqbench.deploy.cpu_check import cpu_warning
 from mqbench.deploy.freeze import freeze_quantizers, merge_bn
+from mqbench.deploy.functions import DeployFunctionRegistry, deploy_functions, register_deploy_function
 from mqbench.deploy.onnx_graph import save_model
 from mqbench.deploy.qdq import insert_qdq
 from mqbench.deploy.strip import export_marked, strip_quantizers
+from mqbench.deploy.writers import WRITERS
 from mqbench.fake_quantize.quantize_base import QuantizeBase
 from mqbench.prepare_by_platform import BACKEND_ATTRIBUTE
 from mqbench.qparams import QParamTable
+from mqbench.utils.host import host_facts
 
 __all__ = [
     "DeployContext",
@@ -62,128 +65,6 @@ __all__ = [
     "deploy_functions",
     "register_deploy_function",
 ]
-
-
-@dataclass
-class DeployResult:
-    """What :func:`convert_deploy` wrote: ``artifacts`` (key -> path) and ``params`` (tensor -> qparams dict)."""
-
-    backend: str
-    model_name: str
-    artifacts: dict[str, str]
-    table: QParamTable
-    input_names: list[str]
-    output_names: list[str]
-    dequantized: dict[str, str] = field(default_factory=dict)  # tensor -> its dequantized name in `onnx`
-
-    @property
-    def params(self) -> dict[str, dict[str, Any]]:
-        """The per-tensor quantization parameters as plain dicts (``table.to_dict()``)."""
-        return self.table.to_dict()
-
-    def __repr__(self) -> str:
-        return f"DeployResult({self.backend!r}, artifacts={sorted(self.artifacts)}, {self.table!r})"
-
-
-@dataclass
-class DeployContext:
-    """Everything a deploy step may read; a step writes one file into ``folder`` and returns its path."""
-
-    spec: BackendSpec
-    model_name: str
-    folder: Path
-    float_model: onnx.ModelProto
-    qdq_model: onnx.ModelProto
-    table: QParamTable
-    input_names: list[str]
-    output_names: list[str]
-    qlinear_weight_type: str | None = None  # the QLinear graph's weights: "int8", "uint8" or None (the table's)
-
-    def path(self, suffix: str) -> Path:
-        """``folder / f"{model_name}{suffix}"``."""
-        return self.folder / f"{self.model_name}{suffix}"
-
-
-DeployStep = Callable[[DeployContext], "str | Path"]
-
-
-class DeployFunctionRegistry(Mapping[str, Mapping[str, DeployStep]]):
-    """Backend name -> {artifact key: step}: steps a backend adds to, or replaces in, its deployment.
-
-    A step may come with a reader (``read(path, spec, float_model) -> QParamTable``) so that
-    :func:`~mqbench.deploy.verify.verify_deploy` checks the file it writes like a built-in one.
-    """
-
-    def __init__(self) -> None:
-        self._steps: dict[str, dict[str, DeployStep]] = {}
-        self._readers: dict[str, dict[str, Callable[..., Any]]] = {}
-
-    def __getitem__(self, backend: Any) -> Mapping[str, DeployStep]:
-        return dict(self._steps.get(_key(backend), {}))
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._steps)
-
-    def __len__(self) -> int:
-        return len(self._steps)
-
-    def register(
-        self,
-        backend: Any,
-        artifact: str,
-        step: DeployStep,
-        replace: bool = False,
-        reader: Callable[..., Any] | None = None,
-    ) -> None:
-        from mqbench.deploy.writers import WRITERS
-
-        key = _key(backend)
-        steps = self._steps.setdefault(key, {})
-        # Taken: a step registered before, the two ONNX models, or a key the spec lists that a built-in writer makes.
-        builtin = artifact in ("onnx", "deploy_onnx") or (artifact in _writer_keys(backend) and artifact in WRITERS)
-        if (artifact in steps or builtin) and not replace:
-            raise ValueError(f"backend {key!r} already produces {artifact!r}; pass replace=True to replace that step")
-        steps[artifact] = step
-        if reader is not None:
-            self._readers.setdefault(key, {})[artifact] = reader
-        else:
-            self._readers.get(key, {}).pop(artifact, None)
-
-    def reader(self, backend: Any, artifact: str) -> Callable[..., Any] | None:
-        """The reader registered with a step, or None."""
-        return self._readers.get(_key(backend), {}).get(artifact)
-
-    def unregister(self, backend: Any, artifact: str) -> None:
-        self._steps.get(_key(backend), {}).pop(artifact, None)
-        self._readers.get(_key(backend), {}).pop(artifact, None)
-
-
-deploy_functions = DeployFunctionRegistry()
-
-
-def _writer_keys(backend: Any) -> tuple[str, ...]:
-    try:
-        return resolve_backend(backend).deploy
-    except ValueError:
-        return ()
-
-
-def register_deploy_function(
-    backend: Any, artifact: str | None = None, replace: bool = False, reader: Callable[..., Any] | None = None
-) -> Callable[[DeployStep], DeployStep]:
-    """Decorator: ``step(context) -> path`` produces the artifact ``artifact`` (default: the function's name).
-
-    A key the backend already produces needs ``replace=True``; a key its spec lists that no
-    built-in writer makes does not. ``reader(path, spec, float_model) -> QParamTable`` lets
-    ``verify_deploy`` check the file. Example:
-    ``@register_deploy_function("tensorrt", "summary")`` then ``def summary(ctx): ...``.
-    """
-
-    def decorate(step: DeployStep) -> DeployStep:
-        deploy_functions.register(backend, artifact or step.__name__, step, replace, reader)
-        return step
-
-    return decorate
 
 
 def convert_merge_bn(model: nn.Module) -> nn.Module:
@@ -401,8 +282,6 @@ def _deploy(
     qlinear_weight_type: str | None,
     extra_kwargs: dict[str, Any],
 ) -> DeployResult:
-    from mqbench.deploy.writers import WRITERS
-
     deployed = convert_merge_bn(model)
     float_model, table, input_names, output_names = convert_onnx(
         deployed, input_shape_dict, dummy_input, **extra_kwargs
@@ -454,9 +333,6 @@ def _warn_if_this_cpu_differs(
     float_model: onnx.ModelProto,
     qlinear_weight_type: str | None,
 ) -> None:
-    from mqbench.deploy.cpu_check import cpu_warning
-    from mqbench.utils.host import host_facts
-
     keys = [key for key in artifacts if not (key == "qlinear_onnx" and qlinear_weight_type == "uint8")]
     weights = {i.name: numpy_helper.to_array(i) for i in float_model.graph.initializer if i.name in table}
     message = cpu_warning(keys, spec.served_on_cpu, table, weights, host_facts())

@@ -29,6 +29,7 @@ Example (a backend whose only op is an int8 linear with a minimum scale of 2**-1
 
 from __future__ import annotations
 
+from mqbench.backend_config import declared as _declared  # noqa: F401  (registers BackendConfig with register_backend)
 from mqbench.backend_config.backend_config import BackendConfig, BackendPatternConfig, ObservationType
 from mqbench.backend_config.builtin import get_backend_config, get_qconfig_mapping
 from mqbench.backend_config.constraints import (

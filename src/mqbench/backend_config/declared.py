@@ -31,6 +31,7 @@ from mqbench.backend_config.backend_config import BackendConfig
 from mqbench.backend_config.dtype_config import DTypeConfig, DTypeWithConstraints
 from mqbench.backend_config.engine import apply_backend_config
 from mqbench.backend_config.qconfig import QConfig
+from mqbench.backends.registry import register_spec_builder
 from mqbench.backends.spec import BackendSpec, Placement, QuantizerSpec
 from mqbench.custom_quantizer.model_quantizer import ModelQuantizer
 from mqbench.custom_quantizer.qconfig import QConfigPair
@@ -118,3 +119,10 @@ def backend_spec_from_config(name: str, backend_config: BackendConfig) -> Backen
         model_quantizer=DeclaredModelQuantizer,
         declared=backend_config,
     )
+
+
+def _from_backend_config(name: str, declaration: Any) -> BackendSpec | None:
+    return backend_spec_from_config(name, declaration) if isinstance(declaration, BackendConfig) else None
+
+
+register_spec_builder(_from_backend_config)

@@ -8,7 +8,7 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from enum import Enum
 from typing import Any
 
@@ -124,6 +124,18 @@ class BackendRegistry(Mapping[str, BackendSpec]):
 ParamsTable = BackendRegistry({module.SPEC.name: module.SPEC for module in _BUILTIN})
 
 
+# Builders of a BackendSpec from another declaration (mqbench.backend_config adds the BackendConfig one
+# when it is imported, which anyone holding a BackendConfig has done): each returns None for objects
+# it does not build from.
+_SPEC_BUILDERS: list[Callable[[str, Any], BackendSpec | None]] = []
+
+
+def register_spec_builder(builder: Callable[[str, Any], BackendSpec | None]) -> None:
+    """Let :func:`register_backend` accept another kind of declaration: ``builder(name, obj)``."""
+    if builder not in _SPEC_BUILDERS:
+        _SPEC_BUILDERS.append(builder)
+
+
 def register_backend(name: str, spec: Any, replace: bool = False) -> BackendSpec:
     """Make ``name`` usable everywhere a backend is accepted.
 
@@ -132,13 +144,10 @@ def register_backend(name: str, spec: Any, replace: bool = False) -> BackendSpec
     Registering a taken name raises ValueError unless ``replace``.
     """
     if not isinstance(spec, BackendSpec):
-        from mqbench.backend_config import BackendConfig
-
-        if not isinstance(spec, BackendConfig):
+        built = next((b for b in (builder(name, spec) for builder in _SPEC_BUILDERS) if b is not None), None)
+        if built is None:
             raise ValueError(f"register_backend expects a BackendSpec or a BackendConfig, got {type(spec).__name__}")
-        from mqbench.backend_config.declared import backend_spec_from_config
-
-        spec = backend_spec_from_config(name, spec)
+        spec = built
     return ParamsTable.register(name, spec, replace)
 
 

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
 
+from mqbench.fake_quantize import FakeQuantizeDict
+from mqbench.observer import ObserverDict
 from mqbench.scheme import QuantScheme
 from mqbench.utils.factory import Factory
 
@@ -67,8 +69,6 @@ class QuantizerSpec:
 
     def factory(self) -> Factory:
         """A factory building this quantizer (resolving registry names now, so typos fail early)."""
-        from mqbench.fake_quantize import FakeQuantizeDict
-        from mqbench.observer import ObserverDict
 
         fake_quantize = FakeQuantizeDict.resolve(self.fake_quantize)
         observer = ObserverDict.resolve(self.observer)

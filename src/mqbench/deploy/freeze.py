@@ -17,6 +17,7 @@ import torch
 from torch import Tensor, fx, nn
 
 from mqbench.custom_quantizer.passes import set_submodule
+from mqbench.fake_quantize.nnie import nnie_quantize
 from mqbench.fake_quantize.quantize_base import QuantizeBase, _exporting
 from mqbench.functional import fake_quantize, fake_quantize_for_export
 from mqbench.nn.intrinsic.qat.modules.bn_folding import BnFoldingModule
@@ -63,8 +64,6 @@ class FrozenQuantizer(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         if self.data_max is not None:
-            from mqbench.fake_quantize.nnie import nnie_quantize
-
             y = nnie_quantize(x, torch.tensor([self.data_max], dtype=torch.float32, device=x.device))
         elif _exporting():
             y = fake_quantize_for_export(x, self.scale, self.zero_point, self.quant_min, self.quant_max, self.axis)

@@ -30,6 +30,7 @@ import onnx
 from onnx import helper
 
 from mqbench.deploy.onnx_graph import all_names, constant, consumers_of, initializer_map, topological_sort, unique_name
+from mqbench.fake_quantize.nnie import _exponent_offset
 from mqbench.qparams import QParamTable, TensorQParams
 
 __all__ = ["container", "insert_qdq"]
@@ -129,8 +130,6 @@ class _Builder:
     def log_grid(self, tensor: str, entry: TensorQParams) -> str:
         """NNIE's logarithmic grid (see mqbench.fake_quantize.nnie.nnie_quantize), the same float64 ops."""
         import torch
-
-        from mqbench.fake_quantize.nnie import _exponent_offset
 
         z = float(_exponent_offset(torch.tensor([entry.data_max], dtype=torch.float32)).item())
         f64 = lambda base, v: self.const(f"{tensor}_{base}", np.array(v, np.float64))  # noqa: E731

@@ -59,7 +59,7 @@ from mqbench.deploy.onnx_graph import unique_name as _unique
 from mqbench.qparams import QParamTable
 
 if TYPE_CHECKING:
-    from mqbench.convert_deploy import DeployContext
+    from mqbench.deploy.context import DeployContext
 
 __all__ = ["CONTRIB_DOMAIN", "METADATA_KEY", "IntegerTensors", "exposed_tensors", "float_ops", "to_qlinear", "write"]
 

@@ -45,8 +45,15 @@ from onnx import helper
 from torch import Tensor, nn
 from torch.utils import _pytree as pytree
 
+from mqbench.backends import resolve_backend
+from mqbench.deploy.functions import deploy_functions
 from mqbench.deploy.onnx_graph import ort_session
 from mqbench.deploy.qdq import insert_qdq
+from mqbench.deploy.qlinear import exposed_tensors
+from mqbench.deploy.qlinear_qdq import qlinear_as_qdq
+from mqbench.deploy.reference import run_reference, saturated_layers
+from mqbench.deploy.writers import READERS
+from mqbench.deploy.writers.openvino import fake_quantize_as_onnx, fake_quantize_outputs, run_openvino
 from mqbench.fake_quantize.quantize_base import QuantizeBase
 from mqbench.nn.quantized.saturation import ONEDNN_AVX2, ORT_MLAS_AVX2, ORT_QLINEAR_AVX2, PairSaturation
 from mqbench.qparams import QParamTable, TensorQParams
@@ -358,7 +365,6 @@ class _Run:
 
     def predicted(self, result: Any, feeds: Mapping[str, np.ndarray], saturation: PairSaturation) -> dict[str, float]:
         """The layers of the Q/DQ model that ``saturation``'s kernels would change (one reference run for all)."""
-        from mqbench.deploy.reference import saturated_layers
 
         if self.predictions is None:
             self.predictions = {}
@@ -491,14 +497,11 @@ def _verify_qdq(result: Any, feeds: Mapping[str, np.ndarray], run: _Run) -> Arti
 
 def _reader(backend: str, key: str) -> Callable[..., Any] | None:
     """A step's own reader (register_deploy_function(..., reader=...)), else the built-in one."""
-    from mqbench.convert_deploy import deploy_functions
-    from mqbench.deploy.writers import READERS
 
     return deploy_functions.reader(backend, key) or READERS.get(key)
 
 
 def _verify_parameter_file(key: str, result: Any, feeds: Mapping[str, np.ndarray], run: _Run) -> ArtifactReport:
-    from mqbench.backends import resolve_backend
 
     float_model = onnx.load(result.artifacts["deploy_onnx"])
     reader = _reader(result.backend, key)
@@ -543,9 +546,6 @@ def _dequantize_integers(
 
 
 def _verify_qlinear(result: Any, feeds: Mapping[str, np.ndarray], run: _Run) -> ArtifactReport:
-    from mqbench.deploy.qlinear import exposed_tensors
-    from mqbench.deploy.qlinear_qdq import qlinear_as_qdq
-    from mqbench.deploy.reference import saturated_layers
 
     model = onnx.load(result.artifacts["qlinear_onnx"])
     integer = exposed_tensors(model, result.table)  # tensor -> (integer tensor name, scale, zero point)
@@ -574,7 +574,6 @@ def _verify_qlinear(result: Any, feeds: Mapping[str, np.ndarray], run: _Run) -> 
 
 
 def _verify_openvino(result: Any, feeds: Mapping[str, np.ndarray], run: _Run) -> ArtifactReport:
-    from mqbench.deploy.writers.openvino import fake_quantize_as_onnx, fake_quantize_outputs, run_openvino
 
     path = result.artifacts["openvino_onnx"]
     model = onnx.load(path)
@@ -592,7 +591,6 @@ def _verify_openvino(result: Any, feeds: Mapping[str, np.ndarray], run: _Run) ->
 
 
 def _verify_reference(result: Any, feeds: Mapping[str, np.ndarray], run: _Run) -> ArtifactReport:
-    from mqbench.deploy.reference import run_reference
 
     model = onnx.load(result.artifacts["onnx"])
     names = list(dict.fromkeys([*result.dequantized.values(), *result.output_names]))
@@ -642,7 +640,6 @@ def verify_deploy(
     graph's prediction comes with its arithmetic and is always given). Inputs keep their dtype
     (token ids stay int64); float inputs take the deployment's float type.
     """
-    from mqbench.backends import resolve_backend
 
     if isinstance(inputs, Tensor):
         args: list[Tensor] = [inputs]

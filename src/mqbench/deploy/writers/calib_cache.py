@@ -45,7 +45,7 @@ from mqbench.deploy.writers.common import make_entry, scheme_for
 from mqbench.qparams import QParamTable, TensorQParams
 
 if TYPE_CHECKING:
-    from mqbench.convert_deploy import DeployContext
+    from mqbench.deploy.context import DeployContext
 
 __all__ = ["HEADER", "SUFFIX", "read", "scale_hex", "write"]
 

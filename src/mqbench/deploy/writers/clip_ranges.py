@@ -58,7 +58,7 @@ from mqbench.deploy.writers.common import (
 from mqbench.qparams import GRIDS, KINDS, QParamTable, TensorQParams
 
 if TYPE_CHECKING:
-    from mqbench.convert_deploy import DeployContext
+    from mqbench.deploy.context import DeployContext
 
 __all__ = ["SUFFIX", "amax", "read", "write"]
 

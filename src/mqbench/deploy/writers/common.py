@@ -26,7 +26,7 @@ from mqbench.qparams import QParamTable, TensorQParams
 from mqbench.scheme import QuantScheme
 
 if TYPE_CHECKING:
-    from mqbench.convert_deploy import DeployContext
+    from mqbench.deploy.context import DeployContext
 
 __all__ = [
     "ModelTensors",

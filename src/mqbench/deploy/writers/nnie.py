@@ -48,7 +48,7 @@ from mqbench.fake_quantize.nnie import _exponent_offset
 from mqbench.qparams import QParamTable, TensorQParams
 
 if TYPE_CHECKING:
-    from mqbench.convert_deploy import DeployContext
+    from mqbench.deploy.context import DeployContext
 
 __all__ = ["SUFFIX", "log_scale", "read", "write"]
 

@@ -54,7 +54,7 @@ from mqbench.deploy.onnx_graph import (
 from mqbench.qparams import QParamTable, TensorQParams
 
 if TYPE_CHECKING:
-    from mqbench.convert_deploy import DeployContext
+    from mqbench.deploy.context import DeployContext
 
 __all__ = [
     "FAKE_QUANTIZE_DOMAIN",

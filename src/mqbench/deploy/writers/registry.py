@@ -29,7 +29,7 @@ from mqbench.deploy.writers import calib_cache, clip_ranges, nnie, openvino, ppl
 from mqbench.qparams import QParamTable
 
 if TYPE_CHECKING:
-    from mqbench.convert_deploy import DeployContext
+    from mqbench.deploy.context import DeployContext
 
 __all__ = ["READERS", "WRITERS", "Reader", "Writer"]
 

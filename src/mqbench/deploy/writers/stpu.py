@@ -41,7 +41,7 @@ from mqbench.deploy.writers.common import (
 from mqbench.qparams import QParamTable, TensorQParams
 
 if TYPE_CHECKING:
-    from mqbench.convert_deploy import DeployContext
+    from mqbench.deploy.context import DeployContext
 
 __all__ = ["SUFFIX", "read", "stpu_entry", "write"]
 

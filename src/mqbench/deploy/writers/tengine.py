@@ -39,7 +39,7 @@ from mqbench.deploy.writers.common import ModelTensors, f32, make_entry, scheme_
 from mqbench.qparams import QParamTable, TensorQParams
 
 if TYPE_CHECKING:
-    from mqbench.convert_deploy import DeployContext
+    from mqbench.deploy.context import DeployContext
 
 __all__ = ["SUFFIX", "read", "scale_lines", "write"]
 

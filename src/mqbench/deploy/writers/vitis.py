@@ -58,7 +58,7 @@ from mqbench.deploy.writers.common import ModelTensors, get_section, load_json, 
 from mqbench.qparams import QParamTable, TensorQParams, pot_exponent
 
 if TYPE_CHECKING:
-    from mqbench.convert_deploy import DeployContext
+    from mqbench.deploy.context import DeployContext
 
 __all__ = ["SUFFIX", "fix_positions", "read", "write"]
 

@@ -1,0 +1,58 @@
+"""What a deployment step reads (:class:`DeployContext`) and what a deployment wrote (:class:`DeployResult`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import onnx
+
+from mqbench.backends.spec import BackendSpec
+from mqbench.qparams import QParamTable
+
+__all__ = ["DeployContext", "DeployResult", "DeployStep"]
+
+
+@dataclass
+class DeployResult:
+    """What :func:`convert_deploy` wrote: ``artifacts`` (key -> path) and ``params`` (tensor -> qparams dict)."""
+
+    backend: str
+    model_name: str
+    artifacts: dict[str, str]
+    table: QParamTable
+    input_names: list[str]
+    output_names: list[str]
+    dequantized: dict[str, str] = field(default_factory=dict)  # tensor -> its dequantized name in `onnx`
+
+    @property
+    def params(self) -> dict[str, dict[str, Any]]:
+        """The per-tensor quantization parameters as plain dicts (``table.to_dict()``)."""
+        return self.table.to_dict()
+
+    def __repr__(self) -> str:
+        return f"DeployResult({self.backend!r}, artifacts={sorted(self.artifacts)}, {self.table!r})"
+
+
+@dataclass
+class DeployContext:
+    """Everything a deploy step may read; a step writes one file into ``folder`` and returns its path."""
+
+    spec: BackendSpec
+    model_name: str
+    folder: Path
+    float_model: onnx.ModelProto
+    qdq_model: onnx.ModelProto
+    table: QParamTable
+    input_names: list[str]
+    output_names: list[str]
+    qlinear_weight_type: str | None = None  # the QLinear graph's weights: "int8", "uint8" or None (the table's)
+
+    def path(self, suffix: str) -> Path:
+        """``folder / f"{model_name}{suffix}"``."""
+        return self.folder / f"{self.model_name}{suffix}"
+
+
+DeployStep = Callable[[DeployContext], "str | Path"]
