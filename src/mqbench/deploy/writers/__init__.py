@@ -1,5 +1,5 @@
 """Artifact writers: one module per format, each with ``write(context) -> path`` and, for parameter files, ``read``."""
 
-from mqbench.deploy.writers.registry import READERS, WRITERS
+from mqbench.deploy.writers.registry import FORMATS, READERS, WRITERS, ArtifactFormat
 
-__all__ = ["READERS", "WRITERS"]
+__all__ = ["FORMATS", "READERS", "WRITERS", "ArtifactFormat"]
