@@ -30,7 +30,7 @@ import onnx
 from onnx import helper
 
 from mqbench.deploy.onnx_graph import all_names, constant, consumers_of, initializer_map, topological_sort, unique_name
-from mqbench.fake_quantize.nnie import _exponent_offset
+from mqbench.fake_quantize.nnie import exponent_offset
 from mqbench.qparams import QParamTable, TensorQParams
 
 __all__ = ["container", "insert_qdq"]
@@ -131,7 +131,7 @@ class _Builder:
         """NNIE's logarithmic grid (see mqbench.fake_quantize.nnie.nnie_quantize), the same float64 ops."""
         import torch
 
-        z = float(_exponent_offset(torch.tensor([entry.data_max], dtype=torch.float32)).item())
+        z = float(exponent_offset(torch.tensor([entry.data_max], dtype=torch.float32)).item())
         f64 = lambda base, v: self.const(f"{tensor}_{base}", np.array(v, np.float64))  # noqa: E731
         double = onnx.TensorProto.DOUBLE
         xd = self.node("Cast", [tensor], f"{tensor}_f64", to=double)

@@ -11,7 +11,7 @@ from torch import Tensor
 from mqbench.fake_quantize.quantize_base import QuantizeBase
 from mqbench.observer import MinMaxObserver
 
-__all__ = ["NNIEFakeQuantize", "nnie_quantize"]
+__all__ = ["NNIEFakeQuantize", "exponent_offset", "nnie_quantize"]
 
 _LN2 = math.log(2.0)
 _TINY = torch.finfo(torch.float32).tiny  # data_max is floored here, so log(data_max) is finite
@@ -24,8 +24,11 @@ def _log2_times_16(x: Tensor) -> Tensor:
     return 16.0 * (torch.log(x) / torch.tensor(_LN2, dtype=torch.float64, device=x.device))
 
 
-def _exponent_offset(data_max: Tensor) -> Tensor:
-    """``z = round(16 log2(data_max)) - 127`` in float64."""
+def exponent_offset(data_max: Tensor) -> Tensor:
+    """``z = round(16 log2(data_max)) - 127`` in float64: the exponent offset of NNIE's log grid.
+
+    The one place the grid's offset is computed; the Q/DQ model and the NNIE parameter file read it here.
+    """
     return torch.round(_log2_times_16(data_max.double().clamp(min=_TINY))) - 127.0
 
 
@@ -46,7 +49,7 @@ def nnie_quantize(x: Tensor, data_max: Tensor) -> Tensor:
     reproduces PyTorch bit for bit. The result has the dtype of ``x``.
     """
     xd = x.double()
-    z = _exponent_offset(data_max)
+    z = exponent_offset(data_max)
     magnitude = xd.abs()
     positive = xd > 0
     low = (~positive).to(xd.dtype)  # the smallest code: 0 for positive x, 1 for negative x
@@ -110,7 +113,7 @@ class NNIEFakeQuantize(QuantizeBase):
     @property
     def scale(self) -> Tensor:
         """``2 ** (z / 16)``: the smallest positive level (informative; the grid is logarithmic)."""
-        return torch.pow(2.0, _exponent_offset(self.data_max) / 16.0).float()
+        return torch.pow(2.0, exponent_offset(self.data_max) / 16.0).float()
 
     @property
     def zero_point(self) -> Tensor:

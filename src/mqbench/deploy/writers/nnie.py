@@ -44,7 +44,7 @@ from mqbench.deploy.writers.common import (
     scheme_for,
     write_json,
 )
-from mqbench.fake_quantize.nnie import _exponent_offset
+from mqbench.fake_quantize.nnie import exponent_offset
 from mqbench.qparams import QParamTable, TensorQParams
 
 if TYPE_CHECKING:
@@ -57,7 +57,7 @@ SUFFIX = "_nnie.json"
 
 def log_scale(data_max: float) -> np.ndarray:
     """The informative scale ``2 ** (z / 16)`` of the log grid of ``data_max``, as NNIEFakeQuantize computes it."""
-    z = _exponent_offset(torch.tensor([data_max], dtype=torch.float32))
+    z = exponent_offset(torch.tensor([data_max], dtype=torch.float32))
     return torch.pow(2.0, z / 16.0).float().numpy()
 
 
