@@ -523,3 +523,29 @@ def test_clear_errors():
         q.forward_integer(torch.full((2, 3), 200))
     with pytest.raises(ValueError, match="export_qparams"):
         nnq.Add.from_observed(nn.Identity(), nn.Identity(), nn.Identity())
+
+
+def test_one_lookup_gives_the_integer_layer_of_float_fused_and_qat_layers():
+    """convert_fx and the BackendConfig read-back both lower through nnq.integer_module_for."""
+    from torch import nn as tnn
+
+    from mqbench.nn import intrinsic as nni
+    from mqbench.nn import quantized as nnq
+    from mqbench.nn.intrinsic import qat as nniqat
+    from mqbench.nn.qat import modules as nnqat
+
+    expected = {
+        tnn.Conv2d: nnq.Conv2d,
+        tnn.Linear: nnq.Linear,
+        tnn.ConvTranspose2d: nnq.ConvTranspose2d,
+        nni.ConvBnReLU2d: nnq.ConvReLU2d,
+        nni.LinearReLU: nnq.LinearReLU,
+        nnqat.Conv1d: nnq.Conv1d,
+        nnqat.ConvTranspose2d: nnq.ConvTranspose2d,
+        nniqat.ConvReLU3d: nnq.ConvReLU3d,
+        nniqat.LinearReLU: nnq.LinearReLU,
+        nniqat.ConvTransposeReLU2d: nnq.ConvTransposeReLU2d,
+        nniqat.ConvBnReLU2d: None,  # BatchNorm is merged first
+        tnn.ConvTranspose1d: None,  # no integer layer
+    }
+    assert {cls: nnq.integer_module_for(cls) for cls in expected} == expected

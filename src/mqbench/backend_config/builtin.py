@@ -228,27 +228,6 @@ def _layer(cls: type[nn.Module]) -> type[nn.Module]:
     return cls
 
 
-def _ends_with_relu(cls: type[nn.Module]) -> bool:
-    if not issubclass(cls, nni.FusedModule):
-        return False
-    return any(set(accepted) & set(nni.ACTIVATIONS) for _, accepted in cls.PARTS)
-
-
-def _reference(cls: type[nn.Module]) -> type[nn.Module] | None:
-    """The integer layer of :mod:`mqbench.nn.quantized` a float or fused layer class converts to."""
-    layer, relu = _layer(cls), _ends_with_relu(cls)
-    for name in nnq.__all__:
-        obj = getattr(nnq, name)
-        if (
-            isinstance(obj, type)
-            and issubclass(obj, nnq.WeightedQuantizedModule)
-            and getattr(obj, "_FLOAT_LAYER", None) is layer
-            and getattr(obj, "_RELU", False) == relu
-        ):
-            return obj
-    return None
-
-
 def _ops_of(kind: str) -> list[Op]:
     """The module classes, functions and method names of ``kind``, in that order."""
     ops: list[Op] = [cls for cls, k in MODULE_KINDS.items() if k == kind]
@@ -269,7 +248,7 @@ def _quantization_configs(kind: str, spec: BackendSpec, fused: list[type[nn.Modu
         entry = config(op)
         if isinstance(op, type):
             entry.set_root_module(op).set_qat_module(QAT_MODULE_MAPPING.get(op))
-            entry.set_reference_quantized_module(_reference(op) if kind in WEIGHTED_KINDS else None)
+            entry.set_reference_quantized_module(nnq.integer_module_for(op) if kind in WEIGHTED_KINDS else None)
         if entry.reference_quantized_module is None:
             entry.set_reference_quantized_module(_ELEMENTWISE_REFERENCE.get(kind))
         configs.append(entry)
@@ -281,14 +260,16 @@ def _quantization_configs(kind: str, spec: BackendSpec, fused: list[type[nn.Modu
             config(cls)
             .set_root_module(_layer(cls))
             .set_qat_module(QAT_MODULE_MAPPING.get(cls))
-            .set_reference_quantized_module(_reference(cls))
+            .set_reference_quantized_module(nnq.integer_module_for(cls))
         )
     float_of_kind = [cls for cls in MODULE_KINDS if MODULE_KINDS[cls] == kind]
     for source in [*float_of_kind, *fused_of_kind]:
         qat = QAT_MODULE_MAPPING.get(source)
         if qat is not None:
             configs.append(
-                config(qat).set_root_module(_layer(source)).set_reference_quantized_module(_reference(source))
+                config(qat)
+                .set_root_module(_layer(source))
+                .set_reference_quantized_module(nnq.integer_module_for(source))
             )
     return configs
 

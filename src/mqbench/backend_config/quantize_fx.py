@@ -45,27 +45,12 @@ from mqbench.backend_config.qconfig_mapping import QConfigMapping
 from mqbench.custom_quantizer.passes import set_submodule
 from mqbench.fake_quantize import QuantizeBase
 from mqbench.nn import quantized as nnq
-from mqbench.nn.intrinsic import qat as nniqat
 from mqbench.nn.intrinsic.qat.modules.bn_folding import BnFoldingModule
-from mqbench.nn.qat import modules as nnqat
 from mqbench.utils.state import enable_calibration, enable_quantization
 from mqbench.utils.tracer import trace
 
 __all__ = ["convert_fx", "prepare_fx", "prepare_qat_fx"]
 
-# The integer module of each QAT module (the layer plus its fused ReLU).
-_LOWERED: dict[type, Any] = {
-    nnqat.Linear: nnq.Linear,
-    nniqat.LinearReLU: nnq.LinearReLU,
-    nnqat.Conv1d: nnq.Conv1d,
-    nnqat.Conv2d: nnq.Conv2d,
-    nnqat.Conv3d: nnq.Conv3d,
-    nniqat.ConvReLU1d: nnq.ConvReLU1d,
-    nniqat.ConvReLU2d: nnq.ConvReLU2d,
-    nniqat.ConvReLU3d: nnq.ConvReLU3d,
-    nnqat.ConvTranspose2d: nnq.ConvTranspose2d,
-    nniqat.ConvTransposeReLU2d: nnq.ConvTransposeReLU2d,
-}
 _ELEMENTWISE: dict[Any, Any] = {operator.add: nnq.Add, torch.add: nnq.Add, operator.mul: nnq.Mul, torch.mul: nnq.Mul}
 
 
@@ -186,7 +171,9 @@ def convert_fx(
             left[node.name] = "its output is not quantized (read in float)"
             continue
         if module is not None:
-            target = _reference_module(backend_config, module) or _LOWERED.get(type(module))
+            target = _reference_module(backend_config, module)
+            if target is None and hasattr(module, "weight_fake_quant"):
+                target = nnq.integer_module_for(type(module))
             input_quantizer = _quantizer(model, node.args[0] if node.args else None)
             if target is None:
                 left[node.name] = f"no integer module for {type(module).__name__}"

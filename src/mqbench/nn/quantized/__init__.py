@@ -37,7 +37,7 @@ from mqbench.nn.quantized.conv import (
 )
 from mqbench.nn.quantized.elementwise import Add, Cat, Mul
 from mqbench.nn.quantized.linear import Linear, LinearReLU
-from mqbench.nn.quantized.weighted import WeightedQuantizedModule, integer_container
+from mqbench.nn.quantized.weighted import WeightedQuantizedModule, integer_container, integer_module_for
 
 __all__ = [
     "Add",
@@ -58,5 +58,6 @@ __all__ = [
     "check_qparams",
     "functional",
     "integer_container",
+    "integer_module_for",
     "qparams_from_quantizer",
 ]

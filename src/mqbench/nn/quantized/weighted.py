@@ -37,14 +37,14 @@ import torch
 from torch import Tensor, nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from mqbench.nn.intrinsic.modules.fused import FusedModule
+from mqbench.nn.intrinsic.modules.fused import ACTIVATIONS, FusedModule
 from mqbench.nn.qat.modules.base import QATModule
 from mqbench.nn.quantized import functional as QF
 from mqbench.nn.quantized.base import QuantizedModule, check_qparams, qparams_from_quantizer, to_numpy
 from mqbench.qparams import TensorQParams
 from mqbench.utils.fusion import fold_bn_into, layer_init_kwargs
 
-__all__ = ["WeightedQuantizedModule", "integer_container"]
+__all__ = ["WeightedQuantizedModule", "integer_container", "integer_module_for"]
 
 LayerT = TypeVar("LayerT", bound="WeightedQuantizedModule")
 
@@ -346,3 +346,32 @@ class WeightedQuantizedModule(QuantizedModule):
 
     def _weight_repr(self) -> str:
         return ", per_channel_weight=True" if self.weight_axis is not None else ""
+
+
+def integer_module_for(cls: type[nn.Module]) -> type[WeightedQuantizedModule] | None:
+    """The integer layer a float, fused or QAT layer class lowers to (ReLU kept); None if there is none.
+
+    BatchNorm-folding QAT modules have none: their BatchNorm is merged first (``merge_bn``).
+    """
+    if issubclass(cls, FusedModule):
+        layer: type[nn.Module] = cls.PARTS[0][1][0]
+        relu = any(set(accepted) & set(ACTIVATIONS) for _, accepted in cls.PARTS)
+    elif getattr(cls, "_BN", None) is not None:  # a BatchNorm-folding QAT module
+        return None
+    else:
+        layer, relu = cls, bool(getattr(cls, "ends_with_relu", False))
+    for candidate in _integer_layers():
+        if issubclass(layer, candidate._FLOAT_LAYER) and relu == candidate._RELU:
+            return candidate
+    return None
+
+
+def _integer_layers() -> list[type[WeightedQuantizedModule]]:
+    """Every concrete integer layer (the subclasses that name their float layer)."""
+    found, stack = [], list(WeightedQuantizedModule.__subclasses__())
+    while stack:
+        cls = stack.pop()
+        stack.extend(cls.__subclasses__())
+        if "_FLOAT_LAYER" in vars(cls) or "_RELU" in vars(cls):
+            found.append(cls)
+    return found
