@@ -35,6 +35,7 @@ from mqbench.backend_config.dtype_config import DTypeKind
 from mqbench.backend_config.pattern import Op, pattern_ops
 from mqbench.backend_config.qconfig import QConfig
 from mqbench.backends.spec import Placement
+from mqbench.custom_quantizer.ops import WEIGHTED_KINDS, node_kind
 from mqbench.custom_quantizer.passes import fuse_patterns, insert_activation_quantizers, swap_modules
 from mqbench.custom_quantizer.placement import ActivationSite, Rules, plan_activation_quantizers
 from mqbench.fake_quantize import FixedFakeQuantize, QuantizeBase
@@ -45,9 +46,7 @@ __all__ = ["DECISIONS_ATTRIBUTE", "NodeDecision", "apply_backend_config", "decis
 
 DECISIONS_ATTRIBUTE = "mqbench_quantization_decisions"  # a key of GraphModule.meta (kept by deepcopy)
 
-_CHAIN_FOLLOWERS = (nn.modules.batchnorm._BatchNorm, nn.ReLU, nn.ReLU6)
-_CHAIN_FUNCTIONS = (torch.relu, torch.nn.functional.relu, torch.nn.functional.relu6, "relu", "relu_")
-_WEIGHTED = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Linear, nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)
+_CHAIN_KINDS = frozenset({"bn", "relu"})  # what may follow a layer in a fusion chain (custom_quantizer.ops kinds)
 
 
 @dataclass(frozen=True)
@@ -83,11 +82,7 @@ def _short(op: Op | None) -> str:
 
 
 def _follows(node: fx.Node, modules: Mapping[str, nn.Module]) -> bool:
-    if node.op == "call_module":
-        return isinstance(modules[str(node.target)], _CHAIN_FOLLOWERS)
-    return node.op in ("call_function", "call_method") and any(
-        node.target is f or node.target == f for f in _CHAIN_FUNCTIONS
-    )
+    return node_kind(node, modules) in _CHAIN_KINDS
 
 
 def seen_chain(node: fx.Node, modules: Mapping[str, nn.Module]) -> list[fx.Node]:
@@ -203,7 +198,7 @@ def _decide(
                     follower.name, _short(node_op(follower, modules)), False, f"part of the unmatched {seen}", seen
                 )
             continue
-        weighted = isinstance(modules.get(str(node.target)), _WEIGHTED) or _is_fused_weighted(modules, node)
+        weighted = node_kind(node, modules) in WEIGHTED_KINDS
         kinds: tuple[DTypeKind, ...] = ("input", "output", "weight") if weighted else ("input", "output")
         dtype_config, reasons = first_matching_dtype_config(qconfig, config, kinds)
         if dtype_config is None:
@@ -214,11 +209,6 @@ def _decide(
         decisions[node.name] = NodeDecision(node.name, name, True, f"pattern {name}, {observation.name}", name)
         quantized[node.name] = (config, qconfig)
     return decisions, quantized
-
-
-def _is_fused_weighted(modules: Mapping[str, nn.Module], node: fx.Node) -> bool:
-    module = modules.get(str(node.target)) if node.op == "call_module" else None
-    return module is not None and any(isinstance(child, _WEIGHTED) for child in module.children())
 
 
 def _warn_once_per_reason(decisions: Mapping[str, NodeDecision]) -> None:
