@@ -8,7 +8,8 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import replace as dataclass_replace
 from enum import Enum
 from typing import Any
 
@@ -29,6 +30,7 @@ from mqbench.backends import (
     vitis,
 )
 from mqbench.backends.spec import BackendSpec
+from mqbench.utils.registry import Registry
 
 __all__ = ["BackendRegistry", "BackendType", "ParamsTable", "register_backend", "resolve_backend"]
 
@@ -77,48 +79,23 @@ def _key(backend: Any) -> str:
     return backend.lower()
 
 
-class BackendRegistry(Mapping[str, BackendSpec]):
-    """Backend name -> spec. Read-only as a mapping; extended through :meth:`register`."""
+class BackendRegistry(Registry[BackendSpec]):
+    """Backend name (any case, or a BackendType) -> spec. Read-only as a mapping; extended through :meth:`register`."""
 
     def __init__(self, specs: Mapping[str, BackendSpec]) -> None:
-        self._specs = dict(specs)
-        self._builtin = frozenset(self._specs)
+        super().__init__("backend", specs)
 
-    def __getitem__(self, backend: Any) -> BackendSpec:
-        key = _key(backend)
-        if key not in self._specs:
-            raise ValueError(f"unknown backend {backend!r}; valid backends: {', '.join(self._specs)}")
-        return self._specs[key]
+    def _key(self, name: Any) -> str:
+        return _key(name)
 
-    def __contains__(self, backend: object) -> bool:
-        try:
-            return _key(backend) in self._specs
-        except ValueError:
-            return False
+    def _unknown(self, name: Any) -> Exception:
+        return ValueError(f"unknown backend {name!r}; valid backends: {', '.join(self)}")
 
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._specs)
-
-    def __len__(self) -> int:
-        return len(self._specs)
-
-    def register(self, name: str, spec: BackendSpec, replace: bool = False) -> BackendSpec:
+    def register(self, name: str, spec: BackendSpec, replace: bool = False) -> BackendSpec:  # type: ignore[override]
         key = _key(name)
-        if key in self._specs and not replace:
+        if key in self and not replace:
             raise ValueError(f"backend {key!r} is already registered; pass replace=True to override it")
-        if spec.name != key:
-            from dataclasses import replace as dataclass_replace
-
-            spec = dataclass_replace(spec, name=key)
-        self._specs[key] = spec
-        return spec
-
-    def unregister(self, name: str) -> None:
-        """Remove a user-registered backend (built-in ones stay); unknown names are ignored."""
-        key = _key(name)
-        if key in self._builtin:
-            raise ValueError(f"{key!r} is a built-in backend and cannot be unregistered")
-        self._specs.pop(key, None)
+        return self._add(key, spec if spec.name == key else dataclass_replace(spec, name=key), True)
 
 
 ParamsTable = BackendRegistry({module.SPEC.name: module.SPEC for module in _BUILTIN})

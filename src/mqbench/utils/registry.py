@@ -13,26 +13,45 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 __all__ = ["Registry"]
 
-T = TypeVar("T", bound=type)
+T = TypeVar("T")
 
 
 class Registry(Mapping[str, T], Generic[T]):
-    """A read-only mapping of class names to classes, extended only through :meth:`register`."""
+    """A read-only mapping of names to entries, extended only through :meth:`register`.
+
+    The one registry of the package: observers and fake quantizers by class name, backends
+    (:class:`mqbench.backends.BackendRegistry`) by their lowercase name. A subclass may normalise
+    names (:meth:`_key`) and choose the error for an unknown one (``missing_error``).
+    """
+
+    missing_error: type[Exception] = KeyError  # raised for an unknown name (see _unknown)
 
     def __init__(self, kind: str, entries: Mapping[str, T]) -> None:
         self._kind = kind
-        self._entries: dict[str, T] = dict(entries)
+        self._entries: dict[str, T] = {self._key(name): value for name, value in entries.items()}
         self._builtin = frozenset(self._entries)
 
-    def __getitem__(self, name: str) -> T:
+    def _key(self, name: Any) -> str:
+        return name
+
+    def _unknown(self, name: Any) -> Exception:
+        return self.missing_error(f"unknown {self._kind} {name!r}; registered: {', '.join(sorted(self._entries))}")
+
+    def __getitem__(self, name: Any) -> T:
+        key = self._key(name)
+        if key not in self._entries:
+            raise self._unknown(name) from None
+        return self._entries[key]
+
+    def __contains__(self, name: object) -> bool:
         try:
-            return self._entries[name]
-        except KeyError:
-            raise KeyError(f"unknown {self._kind} {name!r}; registered: {', '.join(sorted(self._entries))}") from None
+            return self._key(name) in self._entries
+        except ValueError:
+            return False
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._entries)
@@ -40,26 +59,30 @@ class Registry(Mapping[str, T], Generic[T]):
     def __len__(self) -> int:
         return len(self._entries)
 
+    def _add(self, name: Any, value: T, replace: bool) -> T:
+        key = self._key(name)
+        existing = self._entries.get(key)
+        if existing is not None and existing is not value and not replace:
+            raise ValueError(f"{self._kind} name {key!r} is already registered to {existing!r}; pass replace=True")
+        self._entries[key] = value
+        return value
+
     def register(self, cls: T, name: str | None = None, replace: bool = False) -> T:
         """Add ``cls`` under ``name`` (default: its class name) and return it.
 
-        Registering a different class under a taken name raises ValueError unless ``replace``.
+        Registering a different entry under a taken name raises ValueError unless ``replace``.
         """
-        key = name or cls.__name__
-        existing = self._entries.get(key)
-        if existing is not None and existing is not cls and not replace:
-            raise ValueError(f"{self._kind} name {key!r} is already registered to {existing!r}; pass replace=True")
-        self._entries[key] = cls
-        return cls
+        return self._add(name or cls.__name__, cls, replace)  # type: ignore[attr-defined]
 
     def unregister(self, name: str) -> None:
         """Remove a user-registered entry (built-in ones stay); unknown names are ignored."""
-        if name in self._builtin:
-            raise ValueError(f"{name!r} is a built-in {self._kind} and cannot be unregistered")
-        self._entries.pop(name, None)
+        key = self._key(name)
+        if key in self._builtin:
+            raise ValueError(f"{key!r} is a built-in {self._kind} and cannot be unregistered")
+        self._entries.pop(key, None)
 
     def resolve(self, spec: str | T) -> T:
-        """A class given either itself or its registered name."""
+        """An entry given either itself or its registered name."""
         if isinstance(spec, str):
             return self[spec]
         return spec
