@@ -724,7 +724,7 @@ def test_extra_quantizer_dict_unknown_key():
 @pytest.fixture
 def mynpu(monkeypatch):
     """A tensorrt clone registered as ``mynpu``; the registry is restored afterwards."""
-    monkeypatch.setattr(ParamsTable, "_specs", dict(ParamsTable._specs))
+    monkeypatch.setattr(ParamsTable, "_entries", dict(ParamsTable._entries))
     register_backend("mynpu", dataclasses.replace(ParamsTable["tensorrt"], name="mynpu"))
     return "mynpu"
 
