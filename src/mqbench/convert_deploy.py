@@ -41,6 +41,7 @@ from onnx import numpy_helper
 from torch import Tensor, nn
 
 from mqbench.backends import BackendSpec, resolve_backend
+from mqbench.custom_quantizer.plan import plan_of
 from mqbench.deploy.context import DeployContext, DeployResult, DeployStep
 from mqbench.deploy.cpu_check import cpu_warning
 from mqbench.deploy.freeze import freeze_quantizers, merge_bn
@@ -203,7 +204,8 @@ def _check_deployable(model: nn.Module, spec: BackendSpec, allow_backend_mismatc
             "prepare_by_platform (calibrated or trained), not the float model; prepare it with "
             f"prepare_by_platform(model, {spec.name!r}) and calibrate it first"
         )
-    prepared_for = getattr(model, BACKEND_ATTRIBUTE, None)
+    plan = plan_of(model)
+    prepared_for = plan.backend if plan is not None and plan.backend else getattr(model, BACKEND_ATTRIBUTE, None)
     if isinstance(prepared_for, str) and prepared_for != spec.name and not allow_backend_mismatch:
         raise ValueError(
             f"the model was prepared for backend {prepared_for!r} but is deployed for {spec.name!r}: its quantizers "
@@ -282,13 +284,20 @@ def _deploy(
     qlinear_weight_type: str | None,
     extra_kwargs: dict[str, Any],
 ) -> DeployResult:
+    keys = list(spec.deploy) + (["qlinear_onnx"] if deploy_to_qlinear and "qlinear_onnx" not in spec.deploy else [])
+    extra_steps = deploy_functions[spec.name]
+    missing = [key for key in keys if key not in extra_steps and key not in WRITERS]
+    if missing:  # before the export: say so at once
+        raise ValueError(
+            f"backend {spec.name!r} lists the artifact(s) {missing}, which no built-in format writes "
+            f"(built-in: {sorted(WRITERS)}) and no deploy step was registered for; register one with "
+            f"@register_deploy_function({spec.name!r}, {missing[0]!r})"
+        )
     deployed = convert_merge_bn(model)
     float_model, table, input_names, output_names = convert_onnx(
         deployed, input_shape_dict, dummy_input, **extra_kwargs
     )
     qdq_model, dequantized = insert_qdq(float_model, table)
-    keys = list(spec.deploy) + (["qlinear_onnx"] if deploy_to_qlinear and "qlinear_onnx" not in spec.deploy else [])
-    extra_steps = deploy_functions[spec.name]
     scratch = Path(tempfile.mkdtemp(prefix=".mqbench-deploy-", dir=folder))
     try:
         context = DeployContext(
@@ -299,13 +308,7 @@ def _deploy(
             "deploy_onnx": save_model(float_model, context.path("_deploy_model.onnx")),
         }
         for key in keys:
-            step = extra_steps.get(key) or WRITERS.get(key)
-            if step is None:
-                raise ValueError(
-                    f"backend {spec.name!r} lists the artifact {key!r}, which no built-in writer makes and no deploy "
-                    f"step was registered for; register one with @register_deploy_function({spec.name!r}, {key!r})"
-                )
-            written[key] = str(step(context))
+            written[key] = str((extra_steps.get(key) or WRITERS[key])(context))
         for key, step in extra_steps.items():
             if key not in written or key in ("onnx", "deploy_onnx"):
                 written[key] = str(step(context))

@@ -70,13 +70,20 @@ def test_named_after_the_backend_and_covers_every_quantized_op(backend):
     assert isinstance(config, BackendConfig)
     assert config.name == spec.name == backend.value
     patterns = {entry.pattern for entry in quantization_configs(config)}
-    kinds = quantized_kinds(spec)
+    activations = quantized_kinds(spec)
+    kinds = activations | WEIGHTED_KINDS  # every layer's weights are quantized
     assert {cls for cls, kind in MODULE_KINDS.items() if kind in kinds} <= patterns
     assert {fn for fn, kind in FUNCTION_KINDS.items() if kind in kinds} <= patterns
     assert {name for name, kind in METHOD_KINDS.items() if kind in kinds} <= patterns
     # nothing of a kind the backend leaves in float
     others = {cls for cls, kind in MODULE_KINDS.items() if kind not in kinds}
     assert not others & patterns
+    # a layer whose activations stay float: weight-only (float input and output, the weight grid)
+    for entry in quantization_configs(config):
+        if MODULE_KINDS.get(entry.pattern) in WEIGHTED_KINDS - activations:
+            for dtype_config in entry.dtype_configs:
+                assert dtype_config.input_dtype == dtype_config.output_dtype == torch.float
+                assert dtype_config.weight_dtype in (torch.qint8, torch.quint8)
 
 
 @pytest.mark.parametrize("backend", BACKENDS, ids=lambda b: b.value)
@@ -101,7 +108,8 @@ def test_dtype_ranges_are_the_schemes(backend):
     for entry in quantization_configs(config_of(backend)):
         assert entry.dtype_configs, entry
         for dtype_config in entry.dtype_configs:
-            assert bounds(dtype_config.constraints_of("input")) in ranges
+            weight_only = dtype_config.input_dtype == torch.float  # a layer whose activations stay float
+            assert weight_only or bounds(dtype_config.constraints_of("input")) in ranges
             output = dtype_config.constraints_of("output")
             if output.dtype is not None and output.dtype.is_floating_point:
                 assert entry.observation_type is ObservationType.OUTPUT_USE_DIFFERENT_OBSERVER_AS_INPUT
@@ -113,7 +121,8 @@ def test_dtype_ranges_are_the_schemes(backend):
             if dtype_config.weight_dtype is not None:
                 assert bounds(dtype_config.constraints_of("weight")) == (weight.quant_min, weight.quant_max)
                 assert dtype_config.bias_dtype == torch.float
-    first = quantization_configs(config_of(backend))[0].dtype_configs[0]
+    first = next(c for c in quantization_configs(config_of(backend)) if c.dtype_configs[0].input_dtype != torch.float)
+    first = first.dtype_configs[0]
     assert first.input_dtype == (torch.qint8 if activation.quant_min < 0 else torch.quint8) or activation.bits > 8
 
 
@@ -250,7 +259,8 @@ def test_a_spec_and_its_flags():
     assert config.config_for(nni.LinearReLU) is None  # no fusion, no fused modules
     assert config.config_for(nnqat.Linear) is not None
     assert config.config_for(nn.ReLU).observation_type is ObservationType.OUTPUT_SHARE_OBSERVER_WITH_INPUT
-    assert config.config_for(nn.Conv2d) is None
+    conv = config.config_for(nn.Conv2d)  # its input stays float, its weights are quantized (as prepare does)
+    assert conv.dtype_configs[0].input_dtype == torch.float and conv.dtype_configs[0].weight_dtype == torch.qint8
 
 
 def test_unknown_backends_raise():

@@ -64,6 +64,7 @@ _QAT_MODULE = "qat_module"
 _REFERENCE_MODULE = "reference_quantized_module_for_root"
 _FUSED_MODULE = "fused_module"
 _FUSER_METHOD = "fuser_method"
+_SHARED_INPUTS = "shared_input_quantizer"  # mqbench's addition: the inputs share one quantizer
 _PATTERN_DICT_KEYS = (
     _PATTERN,
     _OBSERVATION_TYPE,
@@ -73,6 +74,7 @@ _PATTERN_DICT_KEYS = (
     _REFERENCE_MODULE,
     _FUSED_MODULE,
     _FUSER_METHOD,
+    _SHARED_INPUTS,
 )
 
 
@@ -114,6 +116,7 @@ class BackendPatternConfig:
         self._reference_quantized_module: type[nn.Module] | None = None
         self._fused_module: type[nn.Module] | None = None
         self._fuser_method: Callable[..., nn.Module] | None = None
+        self._shared_input_quantizer = False
         if pattern is not None:
             self.set_pattern(pattern)
 
@@ -182,6 +185,17 @@ class BackendPatternConfig:
         self._fuser_method = fuser_method
         return self
 
+    def set_shared_input_quantizer(self, shared: bool) -> BackendPatternConfig:
+        """All tensor inputs of the op share one quantizer (a concatenation on power-of-two hardware).
+
+        An addition to PyTorch's vocabulary: the hardware requires the inputs on one grid, so
+        the plan gives them one quantizer module and deployment writes one set of parameters.
+        """
+        if not isinstance(shared, bool):
+            raise ValueError(f"set_shared_input_quantizer: expected True or False, got {shared!r}")
+        self._shared_input_quantizer = shared
+        return self
+
     # -- read access -----------------------------------------------------------------------------
     @property
     def pattern(self) -> Pattern | None:
@@ -214,6 +228,10 @@ class BackendPatternConfig:
     @property
     def fuser_method(self) -> Callable[..., nn.Module] | None:
         return self._fuser_method
+
+    @property
+    def shared_input_quantizer(self) -> bool:
+        return self._shared_input_quantizer
 
     def validate(self) -> BackendPatternConfig:
         """Check the fields against each other (done when added to a BackendConfig); raise ValueError."""
@@ -258,6 +276,8 @@ class BackendPatternConfig:
             _FUSER_METHOD: self._fuser_method,
         }
         out.update({key: value for key, value in optional.items() if value is not None})
+        if self._shared_input_quantizer:
+            out[_SHARED_INPUTS] = True
         return out
 
     @classmethod
@@ -278,6 +298,7 @@ class BackendPatternConfig:
         config.set_reference_quantized_module(data.get(_REFERENCE_MODULE))
         config.set_fused_module(data.get(_FUSED_MODULE))
         config.set_fuser_method(data.get(_FUSER_METHOD))
+        config.set_shared_input_quantizer(data.get(_SHARED_INPUTS, False))
         return config
 
     def __eq__(self, other: object) -> bool:

@@ -18,8 +18,12 @@ Observation types and dtypes, per kind:
 
 * in ``outputs_of``: ``OUTPUT_USE_DIFFERENT_OBSERVER_AS_INPUT``; input and output on the
   activation grid;
+* in ``shared_inputs_of`` as well: ``set_shared_input_quantizer(True)`` (mqbench's addition to
+  the vocabulary), the inputs share one quantizer;
 * else in ``passthrough``: ``OUTPUT_SHARE_OBSERVER_WITH_INPUT``; input and output on the
   same activation grid;
+* a weighted kind (conv, linear, deconv) in none of them: its weights are quantized all the
+  same, so a weight-only pattern: ``torch.float`` input and output, the weight grid;
 * else (``inputs_of`` only: the input is quantized, the output stays float):
   ``OUTPUT_USE_DIFFERENT_OBSERVER_AS_INPUT`` with a ``torch.float`` output dtype, the way
   PyTorch writes an op whose quantized input yields a float output (its dynamic linear).
@@ -44,8 +48,8 @@ A BackendConfig is a description of the spec, not an equivalent; it cannot expre
   only when it is the sole consumer;
 * ``fused_mul_add`` (no quantizer between a mul and the add it alone feeds),
   ``add_needs_activations`` (an add quantized only when its inputs descend from weighted or
-  normalising ops), ``network_inputs`` / ``network_outputs``, ``shared_inputs_of`` (one
-  quantizer for all inputs of a concat) and ``first_last_8bit`` (8-bit first and last layers);
+  normalising ops), ``network_inputs`` / ``network_outputs`` and ``first_last_8bit`` (8-bit
+  first and last layers);
 * which producers ``unsigned_after`` applies to (the unsigned config is only allowed);
 * scheme details besides dtype and range: per-channel axis, symmetric zero point,
   power-of-two scales, and the fake quantizer and observer classes.
@@ -236,12 +240,28 @@ def _ops_of(kind: str) -> list[Op]:
     return ops
 
 
-def _quantization_configs(kind: str, spec: BackendSpec, fused: list[type[nn.Module]]) -> list[BackendPatternConfig]:
+def _weight_only(spec: BackendSpec) -> list[DTypeConfig]:
+    """Float input and output, quantized weight: a layer the placement quantizes no activation of."""
+    scheme = _scheme(spec.weight, _DEFAULT_WEIGHT)
+    weight = _grid(scheme.bits, scheme.quant_min, scheme.quant_max)
+    return [DTypeConfig(input_dtype=torch.float, output_dtype=torch.float, weight_dtype=weight, bias_dtype=torch.float)]
+
+
+def _quantization_configs(
+    kind: str, spec: BackendSpec, fused: list[type[nn.Module]], weight_only: bool = False
+) -> list[BackendPatternConfig]:
     observation, _ = _observation(kind, spec.placement)
-    dtype_configs = _dtype_configs(kind, spec)
+    dtype_configs = _weight_only(spec) if weight_only else _dtype_configs(kind, spec)
+
+    shared = kind in spec.placement.shared_inputs_of
 
     def config(pattern: Op) -> BackendPatternConfig:
-        return BackendPatternConfig(pattern).set_observation_type(observation).set_dtype_configs(dtype_configs)
+        return (
+            BackendPatternConfig(pattern)
+            .set_observation_type(observation)
+            .set_dtype_configs(dtype_configs)
+            .set_shared_input_quantizer(shared)
+        )
 
     configs = []
     for op in _ops_of(kind):
@@ -290,8 +310,11 @@ def get_backend_config(backend: BackendSpec | str) -> BackendConfig:
     config.set_backend_pattern_configs(fusions)
     fused = list(dict.fromkeys(entry.fused_module for entry in fusions if entry.fused_module is not None))
     placement = spec.placement
-    for kind in sorted(placement.inputs_of | placement.outputs_of | placement.passthrough):
+    activations = placement.inputs_of | placement.outputs_of | placement.passthrough
+    for kind in sorted(activations):
         config.set_backend_pattern_configs(_quantization_configs(kind, spec, fused))
+    for kind in sorted(WEIGHTED_KINDS - activations):  # prepare quantizes every layer's weights
+        config.set_backend_pattern_configs(_quantization_configs(kind, spec, fused, weight_only=True))
     return config
 
 

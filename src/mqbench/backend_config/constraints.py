@@ -246,6 +246,8 @@ def _check_kind(
         # Bias dtypes follow from the lowering (a qconfig has no bias observer); a dynamic op's output, and
         # an output the backend wants in float (quantized inputs only), are not observed.
         return []
+    if kind == "input" and expected.is_floating_point:
+        return []  # a float input: a weight-only pattern, the input is not observed
     role = _ROLE[kind]
     info = observers.get(role)
     if info is None:
@@ -302,8 +304,9 @@ def check_dtype_config(
     each limit set on the kind's :class:`DTypeWithConstraints` is checked. Identical
     reports from input and output (same observer, same limits) appear once. Not checked:
     ``bias`` (a qconfig has no bias observer; the lowering produces the bias dtype),
-    the output of a dynamic config (it stays float), and ``scale_max_upper_bound`` for
-    observers that compute their scale (only a fixed scale is known before calibration).
+    the output of a dynamic config (it stays float), a float input (weight-only quantization),
+    and ``scale_max_upper_bound`` for observers that compute their scale (only a fixed scale is
+    known before calibration).
     """
     return _check_with(_Observers(qconfig), dtype_config, _kinds(kind))
 

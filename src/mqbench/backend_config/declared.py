@@ -73,7 +73,15 @@ class DeclaredModelQuantizer(ModelQuantizer):
                 f"fused: {', '.join(additions)} cannot add to it; add a BackendPatternConfig for the op instead"
             )
         uniform = QConfig(activation=qconfig.activation, weight=qconfig.weight)
-        return apply_backend_config(model, backend_config, lambda *_: uniform, is_qat, self._excluded(model))
+        return apply_backend_config(
+            model,
+            backend_config,
+            lambda *_: uniform,
+            is_qat,
+            self._excluded(model),
+            backend=self.spec.name,
+            reduce_range=qconfig.reduce_range,
+        )
 
 
 def _quantizer(constraint: DTypeWithConstraints | None, weight: bool, backend: str) -> QuantizerSpec:

@@ -14,8 +14,9 @@ patterns its :class:`BackendConfig` lists and the dtype constraints of each qcon
 * a quantized node's observation type says where quantizers go: its tensor inputs, and its
   output unless it shares its input's quantizer or is not observed.
 
-Every decision is kept on the prepared model (``decisions_of``) for
-:func:`~mqbench.backend_config.quantization_report`.
+Every decision is kept in the prepared model's quantization plan
+(:mod:`mqbench.custom_quantizer.plan`), which :func:`~mqbench.backend_config.quantization_report`
+and :func:`~mqbench.backend_config.convert_fx` read.
 """
 
 from __future__ import annotations
@@ -35,65 +36,37 @@ from mqbench.backend_config.dtype_config import DTypeKind
 from mqbench.backend_config.pattern import Op, pattern_ops
 from mqbench.backend_config.qconfig import QConfig
 from mqbench.backends.spec import Placement
+from mqbench.custom_quantizer.model_quantizer import activation_variant
 from mqbench.custom_quantizer.ops import WEIGHTED_KINDS, node_kind
-from mqbench.custom_quantizer.passes import fuse_patterns, insert_activation_quantizers, swap_modules
-from mqbench.custom_quantizer.placement import ActivationSite, Rules, plan_activation_quantizers
+from mqbench.custom_quantizer.passes import sole_followers
+from mqbench.custom_quantizer.placement import ActivationSite, Rules
+from mqbench.custom_quantizer.plan import (
+    EXCLUDED,
+    FrontEnd,
+    NodeDecision,
+    node_op,
+    op_name,
+    plan_of,
+    prepare_graph,
+)
 from mqbench.fake_quantize import FixedFakeQuantize, QuantizeBase
 from mqbench.fuser_method_mapping import QAT_MODULE_MAPPING
 from mqbench.utils.factory import Factory
 
-__all__ = ["DECISIONS_ATTRIBUTE", "NodeDecision", "apply_backend_config", "decisions_of", "fake_quantize_factory"]
-
-DECISIONS_ATTRIBUTE = "mqbench_quantization_decisions"  # a key of GraphModule.meta (kept by deepcopy)
+__all__ = ["NodeDecision", "apply_backend_config", "decisions_of", "fake_quantize_factory"]
 
 _CHAIN_KINDS = frozenset({"bn", "relu"})  # what may follow a layer in a fusion chain (custom_quantizer.ops kinds)
 
 
-@dataclass(frozen=True)
-class NodeDecision:
-    """What the backend decided for one node of the traced model."""
-
-    node: str
-    op: str
-    quantized: bool
-    reason: str  # for a quantized node: how (its pattern and observation); for a float one: why
-    pattern: str = ""  # the backend pattern that matched, or the chain that was seen
-
-
 def decisions_of(model: nn.Module) -> dict[str, NodeDecision]:
-    """The decisions recorded on a model prepared (or converted) from a BackendConfig; {} otherwise."""
-    meta = getattr(model, "meta", None)
-    return dict(meta.get(DECISIONS_ATTRIBUTE, {})) if isinstance(meta, dict) else {}
-
-
-def node_op(node: fx.Node, modules: Mapping[str, nn.Module]) -> Op | None:
-    """The op a pattern names for this node: module class, function, or method name."""
-    if node.op == "call_module":
-        return type(modules[str(node.target)])
-    if node.op in ("call_function", "call_method"):
-        return node.target  # type: ignore[return-value]
-    return None
-
-
-def _short(op: Op | None) -> str:
-    if op is None:
-        return "?"
-    return op if isinstance(op, str) else getattr(op, "__name__", repr(op))
-
-
-def _follows(node: fx.Node, modules: Mapping[str, nn.Module]) -> bool:
-    return node_kind(node, modules) in _CHAIN_KINDS
+    """The per-node decisions of a prepared (or converted) model's plan; {} for a model without one."""
+    plan = plan_of(model)
+    return dict(plan.decisions) if plan is not None else {}
 
 
 def seen_chain(node: fx.Node, modules: Mapping[str, nn.Module]) -> list[fx.Node]:
     """The node and the BatchNorm / ReLU nodes that follow it alone (what a fusion pattern would have to name)."""
-    chain = [node]
-    while len(chain[-1].users) == 1:
-        (user,) = chain[-1].users
-        if not _follows(user, modules) or not user.args or user.args[0] is not chain[-1]:
-            break
-        chain.append(user)
-    return chain
+    return sole_followers(node, lambda user, _: node_kind(user, modules) in _CHAIN_KINDS)
 
 
 def fake_quantize_factory(factory: Any) -> Factory:
@@ -137,7 +110,7 @@ def compile_backend_config(backend_config: BackendConfig) -> _Compiled:
                 )
             fusers[ops] = _fuser(config)
             if config.fused_module is not None:
-                fused_names[config.fused_module] = "-".join(_short(op) for op in ops)
+                fused_names[config.fused_module] = "-".join(op_name(op) for op in ops)
         elif config.dtype_configs:
             patterns[ops[0]] = config
     return _Compiled(fusers, patterns, fused_names)
@@ -180,7 +153,7 @@ def _decide(
         op = node_op(node, modules)
         if op is None or isinstance(modules.get(str(node.target)), QuantizeBase) or node.name in covered:
             continue
-        name = _short(op)
+        name = op_name(op)
         qconfig = qconfigs.get(node.name)
         config = compiled.patterns.get(op)
         if qconfig is None:
@@ -189,13 +162,13 @@ def _decide(
         if config is None:
             chain = seen_chain(node, modules)
             seen = compiled.fused_names.get(op) if isinstance(op, type) else None  # type: ignore[call-overload]
-            seen = seen or "-".join(_short(node_op(n, modules)) for n in chain)
+            seen = seen or "-".join(op_name(node_op(n, modules)) for n in chain)
             reason = f"no pattern of the backend matches {seen}"
             decisions[node.name] = NodeDecision(node.name, name, False, reason, seen)
             for follower in chain[1:]:
                 covered.add(follower.name)
                 decisions[follower.name] = NodeDecision(
-                    follower.name, _short(node_op(follower, modules)), False, f"part of the unmatched {seen}", seen
+                    follower.name, op_name(node_op(follower, modules)), False, f"part of the unmatched {seen}", seen
                 )
             continue
         weighted = node_kind(node, modules) in WEIGHTED_KINDS
@@ -221,7 +194,90 @@ def _warn_once_per_reason(decisions: Mapping[str, NodeDecision]) -> None:
         warnings.warn(f"left in float: {shown}: {reason}", stacklevel=3)
 
 
-_EXCLUDED = "excluded by prepare_custom_config_dict['extra_quantizer_dict']"
+class _DeclaredFrontEnd(FrontEnd):
+    """A BackendConfig's decisions: its fusion patterns, and per node its pattern, dtype configs and qconfig."""
+
+    name = "backend_config"
+
+    def __init__(
+        self,
+        backend_config: BackendConfig,
+        qconfigs: dict[str, QConfig | None],
+        left_out: set[str],
+        backend: str,
+        reduce_range: bool,
+    ) -> None:
+        self.compiled = compile_backend_config(backend_config)
+        self.config_name = backend_config.name
+        self.qconfigs = qconfigs
+        self.left_out = left_out
+        self.backend = backend
+        self.reduce_range = reduce_range
+        self.decisions: dict[str, NodeDecision] = {}
+        self.chosen: dict[str, tuple[BackendPatternConfig, QConfig]] = {}
+
+    def fusion(self) -> tuple[Mapping[Any, Callable[..., nn.Module]], Callable[[fx.Node], bool]]:
+        return self.compiled.fusers, lambda node: self.qconfigs.get(node.name) is None
+
+    def qat_mapping(self) -> Mapping[type, Any]:
+        mapping: dict[type, Any] = dict(QAT_MODULE_MAPPING)
+        for config in self.compiled.patterns.values():
+            root = config.pattern
+            if isinstance(root, type) and config.qat_module is not None and hasattr(config.qat_module, "from_float"):
+                mapping[root] = config.qat_module
+        return mapping
+
+    def decide(self, gm: fx.GraphModule) -> None:
+        self.decisions, self.chosen = _decide(gm, self.compiled, self.qconfigs)
+        for name in self.left_out & self.decisions.keys():
+            self.decisions[name] = dataclasses.replace(self.decisions[name], reason=EXCLUDED)
+
+    def weight_quantizer(self, node: fx.Node, module: nn.Module) -> Factory | None:
+        chosen = self.chosen.get(node.name)
+        if chosen is None or chosen[1].weight is None:
+            return None
+        return fake_quantize_factory(chosen[1].weight)
+
+    def rules(self, gm: fx.GraphModule) -> Rules:
+        inputs_of = {
+            name
+            for name, (config, qconfig) in self.chosen.items()
+            if config.observation_type is not ObservationType.INPUT_OUTPUT_NOT_OBSERVED
+            and not _float_input(config, qconfig)
+        }
+        outputs_of = {
+            name
+            for name, (config, qconfig) in self.chosen.items()
+            if config.observation_type is ObservationType.OUTPUT_USE_DIFFERENT_OBSERVER_AS_INPUT
+            and not _float_output(config, qconfig)
+        }
+        shared = {name for name, (config, _) in self.chosen.items() if config.shared_input_quantizer}
+        return Rules(
+            Placement(),
+            quantize_input=lambda node: node.name in inputs_of,
+            excluded=lambda node: False,
+            quantize_output=lambda node: node.name in outputs_of,
+            share_inputs=lambda node: node.name in shared,
+        )
+
+    def activation_quantizer(self, site: ActivationSite) -> Factory:
+        owner = self.chosen.get(site.value.name)
+        if owner is None:
+            readers = [c for c in (site.consumers or site.value.users) if c.name in self.chosen]
+            owner = self.chosen[readers[0].name]
+        return activation_variant(fake_quantize_factory(owner[1].activation), site, self.reduce_range, self.backend)
+
+    def declared_decisions(self) -> Mapping[str, NodeDecision]:
+        return self.decisions
+
+    def nothing_quantized(self) -> str:
+        if any(q is not None for q in self.qconfigs.values()):
+            return (
+                f"BackendConfig {self.config_name!r} quantizes nothing in this model with these qconfigs: every "
+                "op stays float (see quantization_report); get_qconfig_mapping(backend) gives the qconfigs a "
+                "built-in backend's dtype configs accept"
+            )
+        return f"BackendConfig {self.config_name!r}: every qconfig is None, so every op stays float"
 
 
 def apply_backend_config(
@@ -230,70 +286,21 @@ def apply_backend_config(
     qconfig_for: Callable[[str, Op, int | None], QConfig | None],
     is_qat: bool,
     excluded: Callable[[fx.Node], bool] | None = None,
+    backend: str | None = None,
+    reduce_range: bool = False,
 ) -> fx.GraphModule:
-    """Run the engine's passes on ``gm`` with the decisions ``backend_config`` and the qconfigs make.
+    """Prepare ``gm`` with the decisions ``backend_config`` and the qconfigs make (see the module docstring).
 
     ``excluded`` nodes (the user's exclusions) stay float, neither fused nor quantized.
+    ``backend`` names the registered backend in the plan (none for a BackendConfig used directly); ``reduce_range``
+    narrows the signed right operand of products of two activations, as on built-in backends.
     """
-    compiled = compile_backend_config(backend_config)
     qconfigs = node_qconfigs(gm, qconfig_for)
     left_out = {node.name for node in gm.graph.nodes if excluded is not None and excluded(node)}
     qconfigs.update(dict.fromkeys(left_out))
-    gm = fuse_patterns(gm, compiled.fusers, is_qat, skip=lambda node: qconfigs.get(node.name) is None)
-    decisions, quantized = _decide(gm, compiled, qconfigs)
-    for name in left_out & decisions.keys():
-        decisions[name] = dataclasses.replace(decisions[name], reason=_EXCLUDED)
-    modules = dict(gm.named_modules())
-
-    def weight_factory(node: fx.Node, module: nn.Module) -> Factory | None:
-        chosen = quantized.get(node.name)
-        if chosen is None or chosen[1].weight is None:
-            return None
-        return fake_quantize_factory(chosen[1].weight)
-
-    qat_mapping: dict[type, Any] = dict(QAT_MODULE_MAPPING)
-    for config in compiled.patterns.values():
-        root = config.pattern
-        if isinstance(root, type) and config.qat_module is not None and hasattr(config.qat_module, "from_float"):
-            qat_mapping[root] = config.qat_module
-    gm = swap_modules(gm, qat_mapping, weight_factory)
-    modules = dict(gm.named_modules())
-    inputs_of = {
-        name
-        for name in quantized
-        if quantized[name][0].observation_type is not ObservationType.INPUT_OUTPUT_NOT_OBSERVED
-    }
-    outputs_of = {
-        name
-        for name, (config, _) in quantized.items()
-        if config.observation_type is ObservationType.OUTPUT_USE_DIFFERENT_OBSERVER_AS_INPUT
-        and not _float_output(config, quantized[name][1])
-    }
-    rules = Rules(
-        Placement(),
-        quantize_input=lambda node: node.name in inputs_of,
-        excluded=lambda node: False,
-        quantize_output=lambda node: node.name in outputs_of,
-    )
-    sites = plan_activation_quantizers(gm.graph, modules, rules)
-
-    def activation_factory(site: ActivationSite) -> Factory:
-        owner = quantized.get(site.value.name)
-        if owner is None:
-            readers = [c for c in (site.consumers or site.value.users) if c.name in quantized]
-            owner = quantized[readers[0].name]
-        return fake_quantize_factory(owner[1].activation)
-
-    gm = insert_activation_quantizers(gm, sites, activation_factory)
-    gm.meta[DECISIONS_ATTRIBUTE] = decisions
-    if not quantized and any(q is not None for q in qconfigs.values()):
-        warnings.warn(
-            f"BackendConfig {backend_config.name!r} quantizes nothing in this model with these qconfigs: every "
-            "op stays float (see quantization_report); get_qconfig_mapping(backend) gives the qconfigs a "
-            "built-in backend's dtype configs accept",
-            stacklevel=3,
-        )
-    _warn_once_per_reason(decisions)
+    front_end = _DeclaredFrontEnd(backend_config, qconfigs, left_out, backend or "", reduce_range)
+    gm = prepare_graph(gm, front_end, is_qat)
+    _warn_once_per_reason(front_end.decisions)
     return gm
 
 
@@ -302,3 +309,10 @@ def _float_output(config: BackendPatternConfig, qconfig: QConfig) -> bool:
     if dtype_config is None:
         return False
     return bool(dtype_config.is_dynamic) or dtype_config.output_dtype in (torch.float, torch.float16, torch.float64)
+
+
+def _float_input(config: BackendPatternConfig, qconfig: QConfig) -> bool:
+    """A weight-only pattern: the matched dtype config keeps the input float."""
+    dtype_config, _ = first_matching_dtype_config(qconfig, config)
+    dtype = dtype_config.input_dtype if dtype_config is not None else None
+    return isinstance(dtype, torch.dtype) and dtype.is_floating_point

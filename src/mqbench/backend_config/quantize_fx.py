@@ -30,7 +30,6 @@ Example:
 from __future__ import annotations
 
 import copy
-import dataclasses
 import operator
 import warnings
 from collections.abc import Sequence
@@ -40,9 +39,10 @@ import torch
 from torch import fx, nn
 
 from mqbench.backend_config.backend_config import BackendConfig
-from mqbench.backend_config.engine import DECISIONS_ATTRIBUTE, apply_backend_config, decisions_of
+from mqbench.backend_config.engine import apply_backend_config
 from mqbench.backend_config.qconfig_mapping import QConfigMapping
 from mqbench.custom_quantizer.passes import set_submodule
+from mqbench.custom_quantizer.plan import PLAN_ATTRIBUTE, plan_of
 from mqbench.fake_quantize import QuantizeBase
 from mqbench.nn import quantized as nnq
 from mqbench.nn.intrinsic.qat.modules.bn_folding import BnFoldingModule
@@ -145,49 +145,51 @@ def convert_fx(
         raise ValueError(f"convert_fx expects the GraphModule prepare_fx returned, got {type(prepared).__name__}")
     if convert_custom_config is not None:
         raise ValueError("convert_custom_config is not supported")
+    plan = plan_of(prepared)
+    if plan is None:
+        raise ValueError(
+            "convert_fx expects a model prepared by mqbench (prepare_fx, prepare_qat_fx or prepare_by_platform): "
+            "this GraphModule carries no quantization plan"
+        )
     model = copy.deepcopy(prepared).eval()
     enable_quantization(model)
-    decisions = decisions_of(model)
-    # A model prepared by prepare_by_platform carries no decisions: its layers are found from the
-    # graph (a weight quantizer, or a quantized addition), BatchNorm merged first as deployment does.
-    declared = bool(decisions)
-    if not declared:
-        _merge_batchnorm(model)
+    # The layers to lower are those the plan quantizes; BatchNorm is merged first, as deployment does.
+    _merge_batchnorm(model)
     lowered: set[str] = set()
     # Read every layer's quantizers first: lowering one layer removes the quantizer its reader shares.
     plans: list[tuple[fx.Node, fx.Node, nn.Module]] = []
     left: dict[str, str] = {}  # quantized layers kept with fake quantizers, and why
     for node in list(model.graph.nodes):
-        decision = decisions.get(node.name)
-        if declared and (decision is None or not decision.quantized):
+        if not plan.quantized(node.name):
             continue
         module = model.get_submodule(str(node.target)) if node.op == "call_module" else None
         elementwise = node.op == "call_function" and node.target in _ELEMENTWISE
-        if not declared and not (elementwise or hasattr(module, "weight_fake_quant")):
-            continue
+        target = _reference_module(backend_config, module) if module is not None else None
+        if target is None and module is not None and hasattr(module, "weight_fake_quant"):
+            target = nnq.integer_module_for(type(module))
+            if target is None:
+                left[node.name] = f"no integer module for {type(module).__name__}"
+                continue
+        if target is None and not elementwise:
+            continue  # an op between quantizers (pooling, ReLU, concatenation ...) computes on the grid as it is
         output_node = _output_quantizer_node(model, node)
         output_quantizer = _quantizer(model, output_node)
         if output_node is None or output_quantizer is None:
             left[node.name] = "its output is not quantized (read in float)"
             continue
-        if module is not None:
-            target = _reference_module(backend_config, module)
-            if target is None and hasattr(module, "weight_fake_quant"):
-                target = nnq.integer_module_for(type(module))
+        if target is not None:
             input_quantizer = _quantizer(model, node.args[0] if node.args else None)
-            if target is None:
-                left[node.name] = f"no integer module for {type(module).__name__}"
-            elif input_quantizer is None:
+            if input_quantizer is None:
                 left[node.name] = "its input is not quantized right before it"
             else:
                 plans.append((node, output_node, target.from_observed(module, input_quantizer, output_quantizer)))
-        elif elementwise:
+        else:
             quantizers = [_quantizer(model, arg) for arg in node.args[:2]]
             if len(quantizers) == 2 and None not in quantizers:
                 plans.append(
                     (node, output_node, _ELEMENTWISE[node.target].from_observed(*quantizers, output_quantizer))
                 )
-            elif declared or any(q is not None for q in quantizers):
+            else:
                 left[node.name] = "not both of its inputs are quantized"
     if left:
         shown = "; ".join(f"{name}: {reason}" for name, reason in list(left.items())[:8])
@@ -195,7 +197,8 @@ def convert_fx(
         warnings.warn(
             f"convert_fx keeps {len(left)} quantized op(s) with fake quantizers ({shown}{more})", stacklevel=2
         )
-    renamed: dict[str, tuple[str, str]] = {}  # old node name -> (new name, reason)
+    names: dict[str, str] = {}  # old node name -> new name
+    reasons: dict[str, str] = {}
     for node, output_node, integer in plans:
         old = node.name
         if node.op == "call_module":
@@ -213,19 +216,14 @@ def convert_fx(
         # The integer module's output is already on the output grid.
         output_node.replace_all_uses_with(node)
         model.graph.erase_node(output_node)
-        renamed[old] = (node.name, f"lowered to {type(integer).__module__}.{type(integer).__qualname__}")
-    decisions = {
-        renamed.get(name, (name, ""))[0]: (
-            dataclasses.replace(d, node=renamed[name][0], reason=renamed[name][1]) if name in renamed else d
-        )
-        for name, d in decisions.items()
-    }
+        names[old] = node.name
+        reasons[old] = f"lowered to {type(integer).__module__}.{type(integer).__qualname__}"
     _bypass_absorbed_inputs(model, lowered)
     model.graph.eliminate_dead_code()
     model.delete_all_unused_submodules()
     model.graph.lint()
     model.recompile()
-    model.meta[DECISIONS_ATTRIBUTE] = decisions
+    model.meta[PLAN_ATTRIBUTE] = plan.renamed(names, reasons)
     return model
 
 

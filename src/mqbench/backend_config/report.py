@@ -28,17 +28,19 @@ __all__ = ["quantization_report"]
 
 
 def quantization_report(model: nn.Module) -> str:
-    """One line per op of ``model`` (from :func:`prepare_fx`, :func:`convert_fx` or a declared backend).
+    """One line per op of a model from :func:`prepare_fx`, :func:`convert_fx` or ``prepare_by_platform``.
 
-    A float op says why: no qconfig, no pattern of the backend for the op or chain that was
-    seen (e.g. ``Conv2d-BatchNorm2d-ReLU``), or the dtype constraints its qconfig breaks, by
-    name (``scale_min_lower_bound``, ``quant_max_upper_bound``, ``dtype``, ...).
+    It prints the model's quantization plan. A float op says why: excluded by the user, no
+    qconfig, no pattern of the backend for the op or chain that was seen (e.g.
+    ``Conv2d-BatchNorm2d-ReLU``), the dtype constraints its qconfig breaks, by name
+    (``scale_min_lower_bound``, ``quant_max_upper_bound``, ``dtype``, ...), or, on a built-in
+    backend, that its placement rules put no quantizer there.
     """
     decisions = decisions_of(model)
     if not decisions:
         raise ValueError(
-            "the model carries no quantization decisions: pass a model from prepare_fx / convert_fx, or one "
-            "prepared for a backend registered from a BackendConfig"
+            "the model carries no quantization plan: pass a model from prepare_by_platform, prepare_fx, "
+            "prepare_qat_fx or convert_fx"
         )
     rows = [(d.node, d.op, "quantized" if d.quantized else "float", d.reason) for d in decisions.values()]
     widths = [max(len(row[i]) for row in [("node", "op", "status", "why"), *rows]) for i in range(3)]

@@ -17,14 +17,14 @@ from torch import fx, nn
 from mqbench.backends.registry import ParamsTable, resolve_backend
 from mqbench.backends.spec import BackendSpec
 from mqbench.custom_quantizer.ops import FUNCTION_KINDS, METHOD_KINDS, MODULE_KINDS, edge_layers, node_kind
-from mqbench.custom_quantizer.passes import fuse_patterns, insert_activation_quantizers, swap_modules
-from mqbench.custom_quantizer.placement import ActivationSite, Rules, plan_activation_quantizers
+from mqbench.custom_quantizer.placement import ActivationSite, Rules
+from mqbench.custom_quantizer.plan import FrontEnd, prepare_graph
 from mqbench.custom_quantizer.qconfig import QConfigPair, eight_bit_variant, reduced_range_variant, unsigned_variant
 from mqbench.fuser_method_mapping import FUSER_METHODS, QAT_MODULE_MAPPING
 from mqbench.utils.config import check_keys
 from mqbench.utils.factory import Factory
 
-__all__ = ["ModelQuantizer", "register_model_quantizer"]
+__all__ = ["ModelQuantizer", "activation_variant", "register_model_quantizer"]
 
 QUANTIZER_KEYS = (
     "additional_function_type",
@@ -79,14 +79,12 @@ class ModelQuantizer:
 
     # -- the pipeline -------------------------------------------------------------------------
     def prepare(self, model: fx.GraphModule, qconfig: QConfigPair, is_qat: bool) -> fx.GraphModule:
-        excluded = self._excluded(model)
-        if self.spec.fuse:
-            model = fuse_patterns(model, self._fuser_methods(), is_qat, skip=excluded)
-        model = swap_modules(model, self._qat_mapping(), self._weight_factory(model, qconfig, excluded))
-        modules = dict(model.named_modules())
-        rules = Rules(self.spec.placement, self._quantizes_input(modules), excluded)
-        sites = plan_activation_quantizers(model.graph, modules, rules)
-        return insert_activation_quantizers(model, sites, self._activation_factory(qconfig))
+        """Fuse, swap and insert quantizers as the backend's rules decide; the plan is stored on the result."""
+        return prepare_graph(model, self.front_end(model, qconfig), is_qat)
+
+    def front_end(self, model: fx.GraphModule, qconfig: QConfigPair) -> FrontEnd:
+        """This quantizer's decisions for ``model`` as a plan front end."""
+        return _PlacementFrontEnd(self, model, qconfig)
 
     def _fuser_methods(self) -> dict[Any, Callable[..., nn.Module]]:
         methods = dict(FUSER_METHODS)
@@ -128,38 +126,73 @@ class ModelQuantizer:
 
         return quantizes_input
 
-    def _weight_factory(
-        self, model: fx.GraphModule, qconfig: QConfigPair, excluded: Callable[[fx.Node], bool]
-    ) -> Callable[[fx.Node, nn.Module], Factory | None]:
-        modules = dict(model.named_modules())
-        edges = edge_layers(model.graph, modules) if self.spec.placement.first_last_8bit else set()
 
-        def factory_for(node: fx.Node, module: nn.Module) -> Factory | None:
-            if excluded(node):
-                return None
-            factory = qconfig.weight
-            if node in edges:
-                factory = eight_bit_variant(factory)
-                if qconfig.reduce_range:
-                    factory = reduced_range_variant(factory, self.spec.name)
-            if node_kind(node, modules) == "deconv" and qconfig.weight_spec.scheme.per_channel:
-                factory = factory.with_args(ch_axis=1)  # ConvTranspose weights: [in, out / groups, ...]
-            return factory
+class _PlacementFrontEnd(FrontEnd):
+    """A built-in backend's decisions: its Placement rules, the user's additions and exclusions, its qconfig."""
 
-        return factory_for
+    name = "placement"
 
-    def _activation_factory(self, qconfig: QConfigPair) -> Callable[[ActivationSite], Factory]:
-        def factory_for(site: ActivationSite) -> Factory:
-            factory = qconfig.activation
-            if site.eight_bit:
-                factory = eight_bit_variant(factory)
-            if site.unsigned:
-                factory = unsigned_variant(factory)
-            elif site.product_operand and qconfig.reduce_range and _signed_eight_bit(factory):
+    def __init__(self, quantizer: ModelQuantizer, model: fx.GraphModule, qconfig: QConfigPair) -> None:
+        self.quantizer = quantizer
+        self.spec = quantizer.spec
+        self.backend = quantizer.spec.name
+        self.qconfig = qconfig
+        self._excluded = quantizer._excluded(model)
+        self.edges: set[fx.Node] = set()
+        self.modules: dict[str, nn.Module] = {}
+
+    def excluded(self, node: fx.Node) -> bool:
+        return self._excluded(node)
+
+    def fusion(self) -> tuple[Mapping[Any, Callable[..., nn.Module]], Callable[[fx.Node], bool]]:
+        if not self.spec.fuse:
+            return {}, lambda node: True
+        return self.quantizer._fuser_methods(), lambda node: False
+
+    def qat_mapping(self) -> Mapping[type, Any]:
+        return self.quantizer._qat_mapping()
+
+    def decide(self, gm: fx.GraphModule) -> None:
+        if self.spec.placement.first_last_8bit:
+            self.edges = edge_layers(gm.graph, dict(gm.named_modules()))
+        self.modules = dict(gm.named_modules())
+
+    def weight_quantizer(self, node: fx.Node, module: nn.Module) -> Factory | None:
+        qconfig = self.qconfig
+        factory = qconfig.weight
+        if node in self.edges:
+            factory = eight_bit_variant(factory)
+            if qconfig.reduce_range:
                 factory = reduced_range_variant(factory, self.spec.name)
-            return factory
+        if node_kind(node, self.modules) == "deconv" and qconfig.weight_spec.scheme.per_channel:
+            factory = factory.with_args(ch_axis=1)  # ConvTranspose weights: [in, out / groups, ...]
+        return factory
 
-        return factory_for
+    def rules(self, gm: fx.GraphModule) -> Rules:
+        return Rules(self.spec.placement, self.quantizer._quantizes_input(dict(gm.named_modules())), self._excluded)
+
+    def activation_quantizer(self, site: ActivationSite) -> Factory:
+        return activation_variant(self.qconfig.activation, site, self.qconfig.reduce_range, self.backend)
+
+    def float_reason(self, node: fx.Node, modules: Mapping[str, nn.Module]) -> str:
+        kind = node_kind(node, modules)
+        what = f"a {kind} op" if kind else "this op"
+        return f"backend {self.backend!r} quantizes no input or output of {what} (its Placement rules)"
+
+
+def activation_variant(factory: Factory, site: ActivationSite, reduce_range: bool, backend: str) -> Factory:
+    """An activation quantizer's factory adjusted to its site: 8-bit edges, unsigned inputs, reduced products.
+
+    One meaning on every front end: ``reduce_range`` narrows the signed right operand of every
+    product of two activations, whoever declared the backend.
+    """
+    if site.eight_bit:
+        factory = eight_bit_variant(factory)
+    if site.unsigned:
+        factory = unsigned_variant(factory)
+    elif site.product_operand and reduce_range and _signed_eight_bit(factory):
+        factory = reduced_range_variant(factory, backend)
+    return factory
 
 
 def _signed_eight_bit(factory: Factory) -> bool:

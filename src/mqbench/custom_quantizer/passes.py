@@ -23,6 +23,7 @@ __all__ = [
     "has_side_effects",
     "insert_activation_quantizers",
     "set_submodule",
+    "sole_followers",
     "swap_modules",
 ]
 
@@ -147,23 +148,33 @@ def _matches(node: fx.Node, matcher: Any, modules: Mapping[str, nn.Module]) -> b
     return node.op == "call_function" and node.target is matcher
 
 
+def sole_followers(node: fx.Node, accept: Callable[[fx.Node, int], bool], limit: int | None = None) -> list[fx.Node]:
+    """``node`` and the chain after it: each next node is the previous one's only user, reads it as its
+    first argument and is accepted by ``accept(user, position)`` (position 1 for the first follower)."""
+    chain = [node]
+    while limit is None or len(chain) < limit:
+        users = list(chain[-1].users)
+        if len(users) != 1:
+            break
+        follower = users[0]
+        if not follower.args or follower.args[0] is not chain[-1] or not accept(follower, len(chain)):
+            break
+        chain.append(follower)
+    return chain
+
+
 def _match_chain(
     node: fx.Node, pattern: Pattern, modules: Mapping[str, nn.Module], calls: Counter[str]
 ) -> list[fx.Node] | None:
     if not _matches(node, pattern[0], modules) or calls[str(node.target)] != 1:
         return None
-    chain = [node]
-    for matcher in pattern[1:]:
-        users = list(chain[-1].users)
-        if len(users) != 1:
-            return None
-        follower = users[0]
-        if not _matches(follower, matcher, modules) or not follower.args or follower.args[0] is not chain[-1]:
-            return None
-        if follower.op == "call_module" and calls[str(follower.target)] != 1:
-            return None
-        chain.append(follower)
-    return chain
+
+    def accept(follower: fx.Node, position: int) -> bool:
+        called_once = follower.op != "call_module" or calls[str(follower.target)] == 1
+        return _matches(follower, pattern[position], modules) and called_once
+
+    chain = sole_followers(node, accept, limit=len(pattern))
+    return chain if len(chain) == len(pattern) else None
 
 
 def fuse_patterns(
@@ -171,11 +182,14 @@ def fuse_patterns(
     fuser_methods: Mapping[Pattern, Callable[..., nn.Module]],
     is_qat: bool,
     skip: Callable[[fx.Node], bool] = lambda node: False,
+    fused_chains: dict[str, str] | None = None,
 ) -> fx.GraphModule:
     """Replace each chain matching a pattern (longest first) by ``fuser(is_qat, *parts)``.
 
     A chain fuses only where every intermediate value has a single user and every module in
     it is called once (a module shared between call sites keeps its own behaviour).
+    ``fused_chains``, when given, receives each fused node's name -> the chain it stands for
+    (``"Conv2d-BatchNorm2d-ReLU"``).
     """
     modules = dict(gm.named_modules())
     calls = Counter(str(n.target) for n in gm.graph.nodes if n.op == "call_module")
@@ -189,6 +203,11 @@ def fuse_patterns(
             if chain is None:
                 continue
             parts = [modules[str(n.target)] if n.op == "call_module" else n.target for n in chain]
+            if fused_chains is not None:
+                fused_chains[node.name] = "-".join(
+                    type(part).__name__ if isinstance(part, nn.Module) else getattr(part, "__name__", str(part))
+                    for part in parts
+                )
             fused = fuser_methods[pattern](is_qat, *parts)
             fused.train(modules[str(node.target)].training)
             set_submodule(gm, str(node.target), fused)

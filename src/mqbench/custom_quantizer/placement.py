@@ -45,14 +45,16 @@ def _never(node: fx.Node) -> bool:
 class Rules:
     """Placement rules plus the user's additions and exclusions, resolved for one model.
 
-    ``quantize_output`` adds nodes whose output is quantized for every reader, by node
-    rather than by op kind (what a declarative backend decides per matched pattern).
+    ``quantize_output`` adds nodes whose output is quantized for every reader, and
+    ``share_inputs`` nodes whose tensor inputs share one quantizer, by node rather than by op
+    kind (what a declarative backend decides per matched pattern).
     """
 
     placement: Placement
     quantize_input: Callable[[fx.Node], bool]
     excluded: Callable[[fx.Node], bool]
     quantize_output: Callable[[fx.Node], bool] = _never
+    share_inputs: Callable[[fx.Node], bool] = _never
 
 
 def _is_tensor(node: fx.Node, memo: dict[fx.Node, bool]) -> bool:
@@ -199,7 +201,7 @@ def plan_activation_quantizers(
                 site = mark(value, node)
                 if site is not None and node in edges:
                     site.eight_bit = True
-        if kind in placement.shared_inputs_of:
+        if kind in placement.shared_inputs_of or rules.share_inputs(node):
             # the quantizers of these inputs (input- or output-placed) share one module
             shared = _tensor_args(node, tensor_memo)
             if len(shared) > 1:

@@ -1,0 +1,316 @@
+"""The quantization plan: every prepare decision, made by a front end, carried out and stored on the graph.
+
+Two front ends decide what is quantized: a built-in backend from its
+:class:`~mqbench.backends.Placement` rules (:class:`~mqbench.custom_quantizer.ModelQuantizer`),
+a BackendConfig from its patterns and dtype configs (:mod:`mqbench.backend_config.engine`).
+Both answer the questions of :class:`FrontEnd`; :func:`prepare_graph` asks them, runs the
+passes (fusion, the swap to QAT modules with weight quantizers, activation quantizer
+insertion) and records the answers as a :class:`QuantizationPlan` in the prepared model's
+``meta``. What reads a prepared model reads the plan: ``quantization_report``, ``convert_fx``
+(which ops to lower), ``convert_deploy`` (the backend the model was prepared for).
+
+A plan says, per node of the prepared graph, whether the op is quantized and why (or why it
+stays float); per layer, the weight quantizer and the chain fused into it; per activation
+quantizer, the values it quantizes (several values: one quantizer the backend requires to be
+shared, such as the inputs of a concatenation), who reads the quantized value and why its grid
+is what it is.
+
+Example:
+    >>> import torch
+    >>> from mqbench.prepare_by_platform import prepare_by_platform
+    >>> from mqbench.custom_quantizer.plan import plan_of
+    >>> model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU(), torch.nn.Flatten()).eval()
+    >>> plan = plan_of(prepare_by_platform(model, "tensorrt"))
+    >>> plan.backend, plan.fused["_0"], plan.decisions["_0"].quantized
+    ('tensorrt', 'Conv2d-ReLU', True)
+    >>> [(q.values, q.readers) for q in plan.activations]
+    [(('input_1',), ('_0',))]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import fx, nn
+
+from mqbench.custom_quantizer.passes import fuse_patterns, insert_activation_quantizers, swap_modules
+from mqbench.custom_quantizer.placement import ActivationSite, Rules, plan_activation_quantizers
+from mqbench.fake_quantize.quantize_base import QuantizeBase
+from mqbench.fuser_method_mapping import Pattern
+from mqbench.utils.factory import Factory
+
+__all__ = [
+    "PLAN_ATTRIBUTE",
+    "FrontEnd",
+    "NodeDecision",
+    "QuantizationPlan",
+    "QuantizerPlan",
+    "describe_quantizer",
+    "node_op",
+    "op_name",
+    "plan_of",
+    "prepare_graph",
+]
+
+PLAN_ATTRIBUTE = "mqbench_quantization_plan"  # a key of GraphModule.meta (kept by deepcopy)
+EXCLUDED = "excluded by prepare_custom_config_dict['extra_quantizer_dict']"
+
+
+@dataclass(frozen=True)
+class NodeDecision:
+    """What was decided for one op node: quantized or float, and how or why."""
+
+    node: str
+    op: str
+    quantized: bool
+    reason: str  # for a quantized node: how (its pattern, or what is quantized); for a float one: why
+    pattern: str = ""  # the backend pattern or op kind that matched, or the chain that was seen
+
+
+@dataclass(frozen=True)
+class QuantizerPlan:
+    """One activation quantizer module: the values it quantizes, who reads them, its grid and why."""
+
+    module: str
+    values: tuple[str, ...]  # more than one: a quantizer the backend requires these values to share
+    readers: tuple[str, ...] | None  # None: every reader of the values
+    scheme: str
+    reasons: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class QuantizationPlan:
+    """Every prepare decision of one model (see the module docstring)."""
+
+    backend: str
+    front_end: str  # "placement" (a built-in backend's rules) or "backend_config"
+    decisions: Mapping[str, NodeDecision]
+    weights: Mapping[str, str]  # layer node -> its weight quantizer's scheme
+    fused: Mapping[str, str]  # layer node -> the chain fused into it ("Conv2d-BatchNorm2d-ReLU")
+    activations: tuple[QuantizerPlan, ...] = ()
+
+    def quantized(self, node: str) -> bool:
+        decision = self.decisions.get(node)
+        return decision is not None and decision.quantized
+
+    def shared(self) -> list[tuple[str, ...]]:
+        """The groups of values that share one quantizer."""
+        return [q.values for q in self.activations if len(q.values) > 1]
+
+    def renamed(self, names: Mapping[str, str], reasons: Mapping[str, str]) -> QuantizationPlan:
+        """The plan after nodes were replaced (``convert_fx``): decisions under their new names and reasons."""
+        decisions = {}
+        for name, decision in self.decisions.items():
+            new = names.get(name, name)
+            reason = reasons.get(name, decision.reason)
+            decisions[new] = dataclasses.replace(decision, node=new, reason=reason)
+        return dataclasses.replace(self, decisions=decisions)
+
+
+def plan_of(model: nn.Module) -> QuantizationPlan | None:
+    """The plan a prepared (or converted) model carries, or None for a model mqbench did not prepare."""
+    meta = getattr(model, "meta", None)
+    plan = meta.get(PLAN_ATTRIBUTE) if isinstance(meta, dict) else None
+    return plan if isinstance(plan, QuantizationPlan) else None
+
+
+def node_op(node: fx.Node, modules: Mapping[str, nn.Module]) -> Any:
+    """The op a pattern names for this node: module class, function, or method name (None for others)."""
+    if node.op == "call_module":
+        return type(modules[str(node.target)])
+    if node.op in ("call_function", "call_method"):
+        return node.target
+    return None
+
+
+def op_name(op: Any) -> str:
+    if op is None:
+        return "?"
+    return op if isinstance(op, str) else getattr(op, "__name__", repr(op))
+
+
+def describe_quantizer(quantizer: nn.Module) -> str:
+    """``"LearnableFakeQuantize [-127, 127] per-channel (axis 0) symmetric"``: a quantizer's grid in words."""
+    qscheme = getattr(quantizer, "qscheme", None)
+    granularity = "per-tensor"
+    if qscheme in (torch.per_channel_symmetric, torch.per_channel_affine):
+        granularity = f"per-channel (axis {getattr(quantizer, 'ch_axis', '?')})"
+    symmetry = "symmetric" if qscheme in (torch.per_tensor_symmetric, torch.per_channel_symmetric) else "affine"
+    low, high = getattr(quantizer, "quant_min", "?"), getattr(quantizer, "quant_max", "?")
+    pot = ", power-of-two scale" if getattr(quantizer, "pot_scale", False) else ""
+    return f"{type(quantizer).__name__} [{low}, {high}] {granularity} {symmetry}{pot}"
+
+
+class FrontEnd:
+    """What a front end decides. :func:`prepare_graph` asks, in this order, and records the answers.
+
+    Subclasses override what they decide; the defaults fuse nothing, quantize nothing and say
+    so.
+    """
+
+    backend: str = ""
+    name: str = "placement"
+
+    def fusion(self) -> tuple[Mapping[Pattern, Callable[..., nn.Module]], Callable[[fx.Node], bool]]:
+        """The fusion patterns with their fuser methods, and the nodes that must not start a fusion."""
+        return {}, lambda node: True
+
+    def qat_mapping(self) -> Mapping[type, Any]:
+        """Float module class -> its QAT class (``from_float(module, weight_factory)``)."""
+        return {}
+
+    def decide(self, gm: fx.GraphModule) -> None:
+        """Called on the fused graph, before any module is swapped: make per-node decisions here."""
+
+    def weight_quantizer(self, node: fx.Node, module: nn.Module) -> Factory | None:
+        """The weight quantizer of a layer node, or None to keep its weights float."""
+        return None
+
+    def rules(self, gm: fx.GraphModule) -> Rules:
+        """Where activation quantizers go (evaluated on the graph with QAT modules in place)."""
+        raise NotImplementedError
+
+    def activation_quantizer(self, site: ActivationSite) -> Factory:
+        """The quantizer of one activation site (shared sites: the first site of the group)."""
+        raise NotImplementedError
+
+    def excluded(self, node: fx.Node) -> bool:
+        """The user's exclusions: such a node is neither fused nor quantized."""
+        return False
+
+    def declared_decisions(self) -> Mapping[str, NodeDecision]:
+        """Decisions the front end made itself (by node name); the engine derives the others."""
+        return {}
+
+    def float_reason(self, node: fx.Node, modules: Mapping[str, nn.Module]) -> str:
+        """Why an op node that got no quantizer stays float."""
+        return "the backend places no quantizer at this op"
+
+    def nothing_quantized(self) -> str:
+        """The warning when the plan quantizes nothing at all."""
+        return (
+            f"backend {self.backend!r} quantizes nothing in this model: every op stays float "
+            "(see mqbench.backend_config.quantization_report for why each op stays float)"
+        )
+
+
+@dataclass
+class _Record:
+    fused: dict[str, str] = field(default_factory=dict)
+    weights: dict[str, str] = field(default_factory=dict)
+
+
+def prepare_graph(gm: fx.GraphModule, front_end: FrontEnd, is_qat: bool) -> fx.GraphModule:
+    """Carry out ``front_end``'s decisions on ``gm`` (fuse, swap, insert) and store the plan on it."""
+    record = _Record()
+    fusers, skip = front_end.fusion()
+    if fusers:
+        excluded = front_end.excluded
+        gm = fuse_patterns(
+            gm, fusers, is_qat, skip=lambda node: skip(node) or excluded(node), fused_chains=record.fused
+        )
+    front_end.decide(gm)
+
+    def weight_factory(node: fx.Node, module: nn.Module) -> Factory | None:
+        return None if front_end.excluded(node) else front_end.weight_quantizer(node, module)
+
+    gm = swap_modules(gm, front_end.qat_mapping(), weight_factory)
+    modules = dict(gm.named_modules())
+    for node in gm.graph.nodes:
+        quantizer = (
+            getattr(modules.get(str(node.target)), "weight_fake_quant", None) if node.op == "call_module" else None
+        )
+        if isinstance(quantizer, QuantizeBase):
+            record.weights[node.name] = describe_quantizer(quantizer)
+    sites = plan_activation_quantizers(gm.graph, modules, front_end.rules(gm))
+    site_records = [
+        (site, tuple(sorted(c.name for c in site.consumers)) if site.consumers is not None else None) for site in sites
+    ]
+    gm = insert_activation_quantizers(gm, sites, front_end.activation_quantizer)
+    plan = QuantizationPlan(
+        backend=front_end.backend,
+        front_end=front_end.name,
+        decisions=_decisions(gm, front_end),
+        weights=record.weights,
+        fused=record.fused,
+        activations=_quantizer_plans(gm, site_records),
+    )
+    gm.meta[PLAN_ATTRIBUTE] = plan
+    if not plan.weights and not plan.activations:
+        warnings.warn(front_end.nothing_quantized(), stacklevel=3)
+    return gm
+
+
+def _quantizer_plans(
+    gm: fx.GraphModule, site_records: list[tuple[ActivationSite, tuple[str, ...] | None]]
+) -> tuple[QuantizerPlan, ...]:
+    groups: dict[int, list[tuple[ActivationSite, tuple[str, ...] | None]]] = {}
+    for site, readers in site_records:
+        groups.setdefault(site.group, []).append((site, readers))
+    plans = []
+    for members in groups.values():
+        first = members[0][0]
+        module = f"{first.value.name}_post_act_fake_quantizer"
+        reasons = []
+        if first.eight_bit:
+            reasons.append("8-bit: next to the network's first or last layer")
+        if first.unsigned:
+            reasons.append("unsigned: its input is never negative")
+        if first.product_operand:
+            reasons.append("right operand of a product of two activations")
+        values = tuple(site.value.name for site, _ in members)
+        if len(values) > 1:
+            reasons.append("shared: the backend requires one quantizer for these values")
+        all_readers = [r for _, r in members]
+        readers = (
+            None if any(r is None for r in all_readers) else tuple(sorted({n for r in all_readers for n in r or ()}))
+        )
+        scheme = describe_quantizer(gm.get_submodule(module))
+        plans.append(QuantizerPlan(module, values, readers, scheme, tuple(reasons)))
+    return tuple(plans)
+
+
+def _quantizer_node(node: Any, modules: Mapping[str, nn.Module]) -> bool:
+    return (
+        isinstance(node, fx.Node)
+        and node.op == "call_module"
+        and isinstance(modules.get(str(node.target)), QuantizeBase)
+    )
+
+
+def _decisions(gm: fx.GraphModule, front_end: FrontEnd) -> dict[str, NodeDecision]:
+    """One decision per op node of the prepared graph: the front end's own, else what the graph shows."""
+    modules = dict(gm.named_modules())
+    declared = front_end.declared_decisions()
+    decisions: dict[str, NodeDecision] = {}
+    for node in gm.graph.nodes:
+        op = node_op(node, modules)
+        if op is None or _quantizer_node(node, modules):
+            continue
+        if node.name in declared:
+            decisions[node.name] = declared[node.name]
+            continue
+        name = op_name(op)
+        parts = []
+        if isinstance(getattr(modules.get(str(node.target)), "weight_fake_quant", None), QuantizeBase):
+            parts.append("weights")
+        if any(_quantizer_node(arg, modules) for arg in node.all_input_nodes):
+            parts.append("inputs")
+        if node.users and all(_quantizer_node(user, modules) for user in node.users):
+            parts.append("output")
+        if front_end.excluded(node):
+            decisions[node.name] = NodeDecision(node.name, name, False, EXCLUDED)
+        elif "weights" in parts or "inputs" in parts:  # it computes on quantized values
+            listed = ", ".join(parts[:-1]) + " and " + parts[-1] if len(parts) > 1 else parts[0]
+            decisions[node.name] = NodeDecision(node.name, name, True, f"{listed} quantized", name)
+        elif parts:
+            reason = "computes in float; its output is quantized for its readers"
+            decisions[node.name] = NodeDecision(node.name, name, False, reason)
+        else:
+            decisions[node.name] = NodeDecision(node.name, name, False, front_end.float_reason(node, modules))
+    return decisions
