@@ -23,11 +23,11 @@ from typing import Any
 import numpy as np
 
 from mqbench.functional import bits_of_range
+from mqbench.grids import GRIDS
 
 __all__ = ["GRIDS", "KINDS", "QParamTable", "TensorQParams"]
 
 KINDS = ("activation", "weight")
-GRIDS = ("linear", "log")  # "log": NNIE's logarithmic grid, described by data_max alone
 
 
 @dataclass(frozen=True, eq=False)
@@ -67,7 +67,7 @@ class TensorQParams:
         if self.kind not in KINDS:
             raise ValueError(f"kind must be one of {KINDS}, got {self.kind!r}")
         if self.grid not in GRIDS:
-            raise ValueError(f"grid must be one of {GRIDS}, got {self.grid!r}")
+            raise ValueError(f"grid must be one of {tuple(GRIDS)} (mqbench.grids), got {self.grid!r}")
         if self.grid == "log" and self.data_max is None:
             raise ValueError("log-grid entries need data_max")
         object.__setattr__(self, "scale", scale)

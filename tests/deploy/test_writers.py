@@ -604,3 +604,41 @@ def test_deployment_read_back_runs_like_the_simulation(deployments, backend, key
         reference, _ = insert_qdq(float_model, table, use_consumers=False)
         (want,) = ort_session(scalar_qparams(reference), optimize=False).run(None, {"x": x.numpy()})
         assert np.array_equal(got, want)
+
+
+# -- the format records ------------------------------------------------------------------------------------
+def test_every_format_is_one_record_that_verification_can_check():
+    """A parameter file has a writer and a reader; a model a runner; every key a backend lists has a record."""
+    from mqbench.deploy.writers import FORMATS
+
+    for key, record in FORMATS.items():
+        assert record.key == key
+        assert (record.read is None) != (record.run is None), key  # checked one way, never both or neither
+        assert record.write is not None or key == "onnx", key  # the Q/DQ model is the pipeline's own
+        assert (record.run is None) == (record.serve is None), key  # a model is verified and served
+    for name in ParamsTable:
+        assert set(ParamsTable[name].deploy) <= set(FORMATS), name
+    assert {key for key, record in FORMATS.items() if record.run is not None} == {
+        "onnx",
+        "qlinear_onnx",
+        "openvino_onnx",
+    }
+
+
+def test_a_listed_artifact_without_a_writer_fails_before_the_export(tmp_path):
+    import dataclasses
+
+    from mqbench.backends import register_backend
+
+    register_backend("nowriter", dataclasses.replace(ParamsTable["tensorrt"], name="nowriter", deploy=("npu_bin",)))
+    try:
+        qmodel = prepare_by_platform(torch.nn.Sequential(torch.nn.Conv2d(1, 2, 3)).eval(), "nowriter")
+        enable_calibration(qmodel)
+        qmodel(torch.randn(2, 1, 6, 6))
+        enable_quantization(qmodel)
+        folder = tmp_path / "out"
+        with pytest.raises(ValueError, match=r"lists the artifact\(s\) \['npu_bin'\].*register_deploy_function"):
+            convert_deploy(qmodel, "nowriter", {"x": [1, 1, 6, 6]}, output_path=folder)
+        assert not folder.exists()  # nothing written, the folder it created removed
+    finally:
+        ParamsTable.unregister("nowriter")

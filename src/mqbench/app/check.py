@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import onnx
 import torch
 from torch import Tensor, nn
 
@@ -24,9 +23,8 @@ from mqbench.backends import ParamsTable, resolve_backend
 from mqbench.convert_deploy import DeployResult, convert_deploy
 from mqbench.custom_quantizer.qconfig import resolve_qconfig
 from mqbench.data import load_digits_split
-from mqbench.deploy.onnx_graph import ort_session
 from mqbench.deploy.verify import VerifyReport, verify_deploy
-from mqbench.deploy.writers.openvino import run_openvino
+from mqbench.deploy.writers import FORMATS
 from mqbench.models import DigitsCNN
 from mqbench.models.zoo import VISION_MODELS, zoo_model
 from mqbench.prepare_by_platform import prepare_by_platform
@@ -86,16 +84,16 @@ def deploy_and_verify(
 
 
 def deployed_runner(result: DeployResult) -> tuple[str, Callable[[np.ndarray], np.ndarray]]:
-    """The backend's own deployed model as a function of the input: (artifact key, run)."""
-    if "openvino_onnx" in result.artifacts:
-        path = result.artifacts["openvino_onnx"]
-        output = result.output_names[0]
-        return "openvino_onnx", lambda x: run_openvino(path, {result.input_names[0]: x}, [output])[output]
-    key = "qlinear_onnx" if "qlinear_onnx" in result.artifacts else "onnx"
-    # A Q/DQ model no CPU serves (it stands for the backend's hardware) runs as written; a served one as served.
-    served = key == "qlinear_onnx" or resolve_backend(result.backend).served_on_cpu
-    session = ort_session(onnx.load(result.artifacts[key]), optimize=served)
-    return key, lambda x: session.run(None, {result.input_names[0]: x})[0]
+    """The backend's own deployed model as a function of the input: (artifact key, run).
+
+    Of the deployment's models, the one whose format record ranks highest (OpenVINO's model, then
+    the QLinear graph, then the Q/DQ model), run as its runtime serves it.
+    """
+    servers = {key: FORMATS[key] for key in result.artifacts if key in FORMATS}
+    servers = {key: record for key, record in servers.items() if record.serve is not None}
+    key = max(servers, key=lambda k: servers[k].serve_rank)
+    run = servers[key].serve(result)  # type: ignore[misc]  # not None: filtered above
+    return key, lambda x: run({result.input_names[0]: x})[0]
 
 
 def accuracy(run: Callable[[np.ndarray], np.ndarray], images: Tensor, labels: Tensor, batch: int = 256) -> float:

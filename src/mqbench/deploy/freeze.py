@@ -17,10 +17,11 @@ import torch
 from torch import Tensor, fx, nn
 
 from mqbench.custom_quantizer.passes import set_submodule
-from mqbench.fake_quantize.nnie import nnie_quantize
 from mqbench.fake_quantize.quantize_base import QuantizeBase, _exporting
 from mqbench.functional import fake_quantize, fake_quantize_for_export
+from mqbench.grids import grid_of
 from mqbench.nn.intrinsic.qat.modules.bn_folding import BnFoldingModule
+from mqbench.qparams import TensorQParams
 from mqbench.utils.state import UncalibratedError, quantizers
 
 __all__ = ["FrozenQuantizer", "UncalibratedError", "freeze_quantizers", "merge_bn", "uncalibrated_quantizers"]
@@ -49,6 +50,7 @@ class FrozenQuantizer(nn.Module):
         axis: int | None,
         kind: str,
         data_max: Tensor | None = None,
+        grid: str = "linear",
     ) -> None:
         super().__init__()
         self.name = name
@@ -56,15 +58,17 @@ class FrozenQuantizer(nn.Module):
         self.register_buffer("zero_point", torch.round(zero_point.detach().float()).to(torch.int32).reshape(-1))
         self.quant_min, self.quant_max, self.axis, self.kind = quant_min, quant_max, axis, kind
         self.data_max = None if data_max is None else float(data_max.reshape(-1)[0])
+        self.grid = grid
+        self._entry: TensorQParams | None = None
+        if grid != "linear":  # computed from its table entry, by its grid (mqbench.grids)
+            self._entry = TensorQParams(
+                self.scale.numpy(), self.zero_point.numpy(), quant_min, quant_max, axis, kind, None, grid, self.data_max
+            )
         self.tap: Tap | None = None
 
-    @property
-    def grid(self) -> str:
-        return "linear" if self.data_max is None else "log"
-
     def forward(self, x: Tensor) -> Tensor:
-        if self.data_max is not None:
-            y = nnie_quantize(x, torch.tensor([self.data_max], dtype=torch.float32, device=x.device))
+        if self._entry is not None:
+            y = grid_of(self.grid).simulate(self._entry, x)
         elif _exporting():
             y = fake_quantize_for_export(x, self.scale, self.zero_point, self.quant_min, self.quant_max, self.axis)
         else:
@@ -74,15 +78,16 @@ class FrozenQuantizer(nn.Module):
         return y
 
     def extra_repr(self) -> str:
-        if self.data_max is not None:
-            return f"{self.name}: log grid, data_max={self.data_max}"
+        if self.grid != "linear":
+            return f"{self.name}: {self.grid} grid, data_max={self.data_max}"
         return f"{self.name}: [{self.quant_min}, {self.quant_max}], axis={self.axis}, {self.kind}"
 
 
 def uncalibrated_quantizers(model: nn.Module) -> list[str]:
     """Enabled quantizers whose observer never saw a tensor (their qparams are the initial ones)."""
     missing = []
-    for name, quantizer in quantizers(model):
+    for name, found in quantizers(model):
+        quantizer = typing.cast(QuantizeBase, found)
         if quantizer._switch("fake_quant") and not quantizer.activation_post_process.calibrated:
             missing.append(name)
     return missing
@@ -100,14 +105,19 @@ def merge_bn(model: nn.Module) -> nn.Module:
 
 
 def _freeze(name: str, quantizer: QuantizeBase, kind: str) -> FrozenQuantizer:
-    qmin, qmax = quantizer.quant_min, quantizer.quant_max
-    if quantizer.deploy_grid == "log":
-        scale, zero_point, data_max = (
-            typing.cast(Tensor, getattr(quantizer, a)) for a in ("scale", "zero_point", "data_max")
-        )
-        return FrozenQuantizer(name, scale, zero_point, qmin, qmax, None, kind, data_max)
-    scale, zero_point = quantizer.export_qparams()
-    return FrozenQuantizer(name, scale, zero_point, qmin, qmax, quantizer.axis, kind)
+    grid = grid_of(quantizer.deploy_grid)
+    params = grid.qparams_of(quantizer)
+    return FrozenQuantizer(
+        name,
+        params["scale"],
+        params["zero_point"],
+        quantizer.quant_min,
+        quantizer.quant_max,
+        quantizer.axis,
+        kind,
+        params.get("data_max"),
+        grid.name,
+    )
 
 
 def freeze_quantizers(model: nn.Module) -> nn.Module:
@@ -126,7 +136,8 @@ def freeze_quantizers(model: nn.Module) -> nn.Module:
             "under mqbench.utils.state.enable_calibration(model) (or load a calibrated state dict) before deploying."
         )
     owners = {f"{name}.weight_fake_quant": module for name, module in model.named_modules()}
-    for name, quantizer in list(quantizers(model)):
+    for name, found in list(quantizers(model)):
+        quantizer = typing.cast(QuantizeBase, found)
         if not quantizer._switch("fake_quant"):
             set_submodule(model, name, nn.Identity())
             continue

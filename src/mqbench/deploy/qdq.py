@@ -23,14 +23,36 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 import onnx
 from onnx import helper
 
-from mqbench.deploy.onnx_graph import all_names, constant, consumers_of, initializer_map, topological_sort, unique_name
-from mqbench.fake_quantize.nnie import exponent_offset
+from mqbench.backends.registry import resolve_backend
+from mqbench.deploy.comparison import (
+    REDUCE_RANGE_REMEDY,
+    ArtifactReport,
+    HostReport,
+    VerifyRun,
+    compare,
+    host_like,
+    host_verdict,
+    run_ort,
+    same_values,
+)
+from mqbench.deploy.onnx_graph import (
+    all_names,
+    constant,
+    consumers_of,
+    initializer_map,
+    ort_session,
+    topological_sort,
+    unique_name,
+)
+from mqbench.grids import grid_of
+from mqbench.nn.quantized.saturation import ORT_MLAS_AVX2
 from mqbench.qparams import QParamTable, TensorQParams
 
 __all__ = ["container", "insert_qdq"]
@@ -79,7 +101,7 @@ class _Builder:
         shape[entry.axis % rank] = -1
         return self.const(base, values.reshape(shape))
 
-    # -- the three grid forms -------------------------------------------------------------
+    # -- the linear grid's forms (mqbench.grids.LinearGrid.to_onnx chooses) ---------------------------
     def linear8(self, tensor: str, entry: TensorQParams) -> str:
         low, high, dtype = container(entry)
         x = tensor
@@ -127,38 +149,6 @@ class _Builder:
         q = self.node("Sub", [q, zero], f"{tensor}_sub_zero_point")
         return self.node("Mul", [q, scale], f"{tensor}_dq")
 
-    def log_grid(self, tensor: str, entry: TensorQParams) -> str:
-        """NNIE's logarithmic grid (see mqbench.fake_quantize.nnie.nnie_quantize), the same float64 ops."""
-        import torch
-
-        z = float(exponent_offset(torch.tensor([entry.data_max], dtype=torch.float32)).item())
-        f64 = lambda base, v: self.const(f"{tensor}_{base}", np.array(v, np.float64))  # noqa: E731
-        double = onnx.TensorProto.DOUBLE
-        xd = self.node("Cast", [tensor], f"{tensor}_f64", to=double)
-        magnitude = self.node("Abs", [xd], f"{tensor}_abs")
-        positive = self.node("Greater", [xd, f64("zero", 0.0)], f"{tensor}_positive")
-        low = self.node("Cast", [self.node("Not", [positive], f"{tensor}_negative")], f"{tensor}_low", to=double)
-        log2 = self.node("Div", [self.node("Log", [magnitude], f"{tensor}_log"), f64("ln2", _LN2)], f"{tensor}_log2")
-        n = self.node("Round", [self.node("Mul", [f64("sixteen", 16.0), log2], f"{tensor}_log2x16")], f"{tensor}_n")
-        zc = f64("z", z)
-        k = self.node("Max", [self.node("Sub", [n, zc], f"{tensor}_n_minus_z"), low], f"{tensor}_k_low")
-        k = self.node("Min", [k, f64("k_max", 127.0)], f"{tensor}_k")
-
-        def power(m: str, base: str) -> str:
-            p = self.node("Pow", [f64("two", 2.0), self.node("Div", [m, f64("sixteen_d", 16.0)], f"{base}_m16")], base)
-            p = self.node("Cast", [p], f"{base}_f32", to=onnx.TensorProto.FLOAT)
-            return self.node("Cast", [p], f"{base}_f64", to=double)
-
-        level = power(self.node("Add", [k, zc], f"{tensor}_k_plus_z"), f"{tensor}_level")
-        shift = self.node("Add", [f64("z_minus_16", z - 16.0), low], f"{tensor}_threshold_exp")
-        threshold = power(shift, f"{tensor}_threshold")
-        keep = self.node("GreaterOrEqual", [magnitude, threshold], f"{tensor}_keep")
-        signed = self.node(
-            "Where", [positive, level, self.node("Neg", [level], f"{tensor}_neg_level")], f"{tensor}_signed"
-        )
-        value = self.node("Where", [keep, signed, f64("zero_level", 0.0)], f"{tensor}_value")
-        return self.node("Cast", [value], f"{tensor}_dq", to=onnx.TensorProto.FLOAT)
-
 
 def insert_qdq(
     model: onnx.ModelProto, table: QParamTable, use_consumers: bool = True
@@ -193,12 +183,7 @@ def insert_qdq(
             source = float_name
         else:
             source = tensor
-        if entry.grid == "log":
-            result = builder.log_grid(source, entry)
-        elif entry.bits <= 8:
-            result = builder.linear8(source, entry)
-        else:
-            result = builder.linear_wide(source, entry)
+        result = grid_of(entry.grid).to_onnx(builder, source, entry)
         readers = users.get(source, [])
         wanted = set(entry.consumers) if (use_consumers and entry.consumers is not None) else None
         for node in readers:
@@ -216,8 +201,9 @@ def insert_qdq(
             dequantized[tensor] = result
     graph.node.extend(builder.nodes)
     topological_sort(graph)
-    if any(e.grid == "log" for e in table.values()):
-        _require_opset(model, 12)
+    needed = max((grid_of(e.grid).min_opset for e in table.values()), default=0)
+    if needed:
+        _require_opset(model, needed)
     return model, dequantized
 
 
@@ -225,3 +211,27 @@ def _require_opset(model: onnx.ModelProto, version: int) -> None:
     for opset in model.opset_import:
         if opset.domain in ("", "ai.onnx") and opset.version < version:
             opset.version = version
+
+
+# -- verification: the Q/DQ model on onnxruntime ----------------------------------------------------
+def verify(result: Any, feeds: Mapping[str, np.ndarray], run: VerifyRun) -> ArtifactReport:
+    """The Q/DQ model on onnxruntime: as written (no graph optimizations), then as served on this host."""
+    model = onnx.load(result.artifacts["onnx"])
+    names = list(result.dequantized.values()) + list(result.output_names)
+    args = (result.table, result.dequantized, run, result.output_names)
+    written = run_ort(model, feeds, names, optimize=False)
+    report = compare(ArtifactReport("onnx", "onnxruntime (as written)"), written, *args)
+    if run.host:
+        values = run_ort(model, feeds, names, optimize=True)
+        host = HostReport("onnx", "onnxruntime (optimized)", served=run.served_on_cpu)
+        host = host_like(report, host) if same_values(values, written) else compare(host, values, *args)
+        predicted = run.predicted(result, feeds, ORT_MLAS_AVX2) if run.wants_prediction(host) else {}
+        report.host = host_verdict(host, predicted, ORT_MLAS_AVX2, REDUCE_RANGE_REMEDY, run.tolerance)
+    return report
+
+
+def serve(result: Any) -> Callable[[Mapping[str, np.ndarray]], list[np.ndarray]]:
+    """The Q/DQ model as onnxruntime serves it: optimized where a CPU runtime serves the backend, else as written."""
+    served = resolve_backend(result.backend).served_on_cpu  # a TensorRT/SNPE Q/DQ model stands for its hardware
+    session = ort_session(onnx.load(result.artifacts["onnx"]), optimize=served)
+    return lambda feeds: list(session.run(None, dict(feeds)))

@@ -2,67 +2,16 @@
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from mqbench.fake_quantize.quantize_base import QuantizeBase
+from mqbench.grids import exponent_offset, nnie_quantize
 from mqbench.observer import MinMaxObserver
 
 __all__ = ["NNIEFakeQuantize", "exponent_offset", "nnie_quantize"]
-
-_LN2 = math.log(2.0)
-_TINY = torch.finfo(torch.float32).tiny  # data_max is floored here, so log(data_max) is finite
-
-
-def _log2_times_16(x: Tensor) -> Tensor:
-    # log2 as log(x) / ln 2 in float64: PyTorch and onnxruntime give the same values this way.
-    # ln 2 is a float64 tensor: torch.onnx.export(dynamo=True) stores Python float constants in
-    # float32 precision, which moved the result by up to one level.
-    return 16.0 * (torch.log(x) / torch.tensor(_LN2, dtype=torch.float64, device=x.device))
-
-
-def exponent_offset(data_max: Tensor) -> Tensor:
-    """``z = round(16 log2(data_max)) - 127`` in float64: the exponent offset of NNIE's log grid.
-
-    The one place the grid's offset is computed; the Q/DQ model and the NNIE parameter file read it here.
-    """
-    return torch.round(_log2_times_16(data_max.double().clamp(min=_TINY))) - 127.0
-
-
-def nnie_quantize(x: Tensor, data_max: Tensor) -> Tensor:
-    """NNIE's log-domain fake quantization (ONNX-exportable ops only; computed in float64).
-
-    With ``z = round(16 log2(data_max)) - 127`` and ``n = round(16 log2|x|)``, a positive ``x``
-    becomes ``2 ** ((k + z) / 16)`` with ``k = clamp(n - z, 0, 127)`` and a negative one
-    ``-2 ** ((k + z) / 16)`` with ``k = clamp(n - z, 1, 127)``. Magnitudes below the threshold
-    ``2 ** ((z - 16) / 16)`` (positive) or ``2 ** ((z - 15) / 16)`` (negative) become 0.
-
-    Levels and thresholds are powers ``2 ** (m / 16)`` with integer ``m``, computed in float64
-    and rounded to float32; the comparison with the threshold is made in float64 against that
-    float32 value. PyTorch's and onnxruntime's float64 ``pow`` and ``log`` differ in the last
-    bit for some arguments, but these float32 roundings, and ``round`` of the float64 log of a
-    float32 input, come out identical (tests/fake_quantize/test_onnx_export.py checks every
-    level and the float32 neighbours of every rounding boundary), so the exported graph
-    reproduces PyTorch bit for bit. The result has the dtype of ``x``.
-    """
-    xd = x.double()
-    z = exponent_offset(data_max)
-    magnitude = xd.abs()
-    positive = xd > 0
-    low = (~positive).to(xd.dtype)  # the smallest code: 0 for positive x, 1 for negative x
-    k = torch.clamp(torch.maximum(torch.round(_log2_times_16(magnitude)) - z, low), max=127.0)
-    level = _power_of_2_sixteenths(k + z)
-    keep = magnitude >= _power_of_2_sixteenths(z - 16.0 + low)
-    value = torch.where(keep, torch.where(positive, level, -level), torch.zeros_like(level))
-    return value.to(x.dtype)
-
-
-def _power_of_2_sixteenths(m: Tensor) -> Tensor:
-    """``2 ** (m / 16)`` for integer-valued float64 ``m``, rounded to float32 (returned as float64)."""
-    return torch.pow(2.0, m / 16.0).float().double()
 
 
 class _NNIEQuantizeSTE(torch.autograd.Function):

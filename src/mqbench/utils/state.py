@@ -20,13 +20,12 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Protocol, cast
 
-from torch import nn
-
-from mqbench.fake_quantize.quantize_base import QuantizeBase
+from torch import Tensor, nn
 
 __all__ = [
+    "Quantizer",
     "UncalibratedError",
     "disable_all",
     "enable_all",
@@ -34,6 +33,7 @@ __all__ = [
     "enable_calibration_quantization",
     "enable_calibration_woquantization",
     "enable_quantization",
+    "is_quantizer",
     "quantizers",
     "uncalibrated_quantizers",
 ]
@@ -45,12 +45,37 @@ class UncalibratedError(RuntimeError):
     """Quantizers whose observers never saw a tensor, asked to quantize (a forward, or a deployment)."""
 
 
-def quantizers(model: nn.Module) -> Iterator[tuple[str, QuantizeBase]]:
+class Quantizer(Protocol):
+    """What these switches need of a fake quantizer (``mqbench.fake_quantize.QuantizeBase`` has it all).
+
+    Written here as a protocol so that this module depends on no quantizer class.
+    """
+
+    name: str
+    fake_quant_enabled: Tensor
+    observer_enabled: Tensor
+    activation_post_process: nn.Module
+
+    def enable_observer(self, enabled: bool = True) -> None: ...
+
+    def enable_fake_quant(self, enabled: bool = True) -> None: ...
+
+
+_NEEDED = ("fake_quant_enabled", "observer_enabled", "activation_post_process", "enable_observer", "enable_fake_quant")
+
+
+def is_quantizer(module: nn.Module) -> bool:
+    """Whether ``module`` is a fake quantizer: it has the switches and state of :class:`Quantizer`."""
+    return all(hasattr(module, attribute) for attribute in _NEEDED) and isinstance(module.fake_quant_enabled, Tensor)
+
+
+def quantizers(model: nn.Module) -> Iterator[tuple[str, Quantizer]]:
     """Every fake quantizer in ``model`` with its qualified name (which it is also given)."""
     for name, module in model.named_modules():
-        if isinstance(module, QuantizeBase):
-            module.name = name
-            yield name, module
+        if is_quantizer(module):
+            quantizer = cast(Quantizer, module)
+            quantizer.name = name
+            yield name, quantizer
 
 
 def uncalibrated_quantizers(model: nn.Module) -> list[str]:
@@ -60,7 +85,7 @@ def uncalibrated_quantizers(model: nn.Module) -> list[str]:
         for name, quantizer in quantizers(model)
         if bool(quantizer.fake_quant_enabled[0])
         and not bool(quantizer.observer_enabled[0])
-        and not quantizer.activation_post_process.calibrated
+        and not getattr(quantizer.activation_post_process, "calibrated", True)
     ]
 
 

@@ -44,7 +44,6 @@ from mqbench.backends.spec import BackendSpec
 from mqbench.deploy.writers.common import (
     ModelTensors,
     as_values,
-    f32,
     get_float,
     get_int,
     get_scalar,
@@ -55,7 +54,8 @@ from mqbench.deploy.writers.common import (
     scheme_for,
     write_json,
 )
-from mqbench.qparams import GRIDS, KINDS, QParamTable, TensorQParams
+from mqbench.grids import GRIDS, grid_of
+from mqbench.qparams import KINDS, QParamTable, TensorQParams
 
 if TYPE_CHECKING:
     from mqbench.deploy.context import DeployContext
@@ -67,11 +67,7 @@ SUFFIX = "_clip_ranges.json"
 
 def amax(entry: TensorQParams) -> float | list[float]:
     """``max(|min|, |max|)`` of the entry's float range (``data_max`` for the log grid); a list per channel."""
-    if entry.grid == "log":
-        return f32(entry.data_max)
-    low, high = entry.float_range()
-    bound = np.maximum(np.abs(np.asarray(low, np.float32)), np.abs(np.asarray(high, np.float32)))
-    return as_values(bound, entry.per_channel)
+    return as_values(grid_of(entry.grid).amax(entry), entry.per_channel)
 
 
 def _qparams(entry: TensorQParams) -> dict[str, Any]:
@@ -127,7 +123,9 @@ def _read_qparams(section: dict[str, Any], path: str | Path) -> QParamTable:
         grid = values.get("grid", "linear")
         axis = values.get("axis")
         if kind not in KINDS or grid not in GRIDS:
-            raise ValueError(f"{path}: tensor {tensor!r} has kind {kind!r} and grid {grid!r}; valid: {KINDS}, {GRIDS}")
+            raise ValueError(
+                f"{path}: tensor {tensor!r} has kind {kind!r} and grid {grid!r}; valid: {KINDS}, {tuple(GRIDS)}"
+            )
         if axis is not None and (isinstance(axis, bool) or not isinstance(axis, int)):
             raise ValueError(f"{path}: the axis of tensor {tensor!r} must be an integer or null, got {axis!r}")
         scale = get_float(values, "scale", tensor, path)

@@ -44,7 +44,7 @@ from mqbench.deploy.writers.common import (
     scheme_for,
     write_json,
 )
-from mqbench.fake_quantize.nnie import exponent_offset
+from mqbench.grids import exponent_offset
 from mqbench.qparams import QParamTable, TensorQParams
 
 if TYPE_CHECKING:

@@ -34,14 +34,23 @@ Example:
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from mqbench.deploy.comparison import (
+    REDUCE_RANGE_REMEDY,
+    ArtifactReport,
+    HostReport,
+    VerifyRun,
+    compare,
+    host_verdict,
+    run_ort,
+)
 from mqbench.deploy.onnx_graph import (
     all_names,
     constant,
@@ -51,6 +60,7 @@ from mqbench.deploy.onnx_graph import (
     topological_sort,
     unique_name,
 )
+from mqbench.nn.quantized.saturation import ONEDNN_AVX2
 from mqbench.qparams import QParamTable, TensorQParams
 
 if TYPE_CHECKING:
@@ -272,3 +282,32 @@ def run_openvino(
     if missing:
         raise ValueError(f"OpenVINO returned no tensors named {missing[:5]}")
     return {name: by_name[name] for name in names}
+
+
+# -- verification ----------------------------------------------------------------------------------
+def verify(result: Any, feeds: Mapping[str, np.ndarray], run: VerifyRun) -> ArtifactReport:
+    """The FakeQuantize model: its formula on onnxruntime, then OpenVINO's CPU plugin on this host."""
+    path = result.artifacts["openvino_onnx"]
+    model = onnx.load(path)
+    exposed = fake_quantize_outputs(model, result.table)  # tensor -> FakeQuantize output name
+    names = list(result.output_names) + list(exposed.values())
+    args = (result.table, exposed, run, result.output_names)
+    values = run_ort(fake_quantize_as_onnx(model), feeds, names, optimize=False)
+    report = compare(ArtifactReport("openvino_onnx", "FakeQuantize formula"), values, *args)
+    if run.host:
+        values = run_openvino(path, dict(feeds), names)
+        host = compare(HostReport("openvino_onnx", "OpenVINO CPU"), values, *args)
+        predicted = run.predicted(result, feeds, ONEDNN_AVX2) if run.wants_prediction(host) else {}
+        report.host = host_verdict(host, predicted, ONEDNN_AVX2, REDUCE_RANGE_REMEDY, run.tolerance)
+    return report
+
+
+def serve(result: Any) -> Callable[[Mapping[str, np.ndarray]], list[np.ndarray]]:
+    """The FakeQuantize model on OpenVINO's CPU plugin."""
+    path, outputs = result.artifacts["openvino_onnx"], list(result.output_names)
+
+    def run(feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+        values = run_openvino(path, dict(feeds), outputs)
+        return [values[name] for name in outputs]
+
+    return run

@@ -3,10 +3,13 @@
 A writer is ``write(context) -> Path``: it writes one file into ``context.folder``. A reader is
 ``read(path, spec, float_model) -> QParamTable``: the quantization the backend applies, from the
 file alone (plus the backend's defaults where the format leaves something implicit, and the
-float ONNX model for which tensors are weights). A model format (``qlinear_onnx``,
-``openvino_onnx``) has no reader: ``verify_deploy`` runs it on its runtime. ``FORMATS`` is the one
-table; ``WRITERS`` and ``READERS`` are read-only views of it. A new format is one module with
-``write`` (and ``read``) plus one line here.
+float ONNX model for which tensors are weights). A model format (``onnx``, ``qlinear_onnx``,
+``openvino_onnx``) has a runner instead: ``run(result, feeds, run) -> ArtifactReport`` runs it on
+its runtime and compares it with the simulation (:mod:`mqbench.deploy.comparison`), and a
+``serve(result)`` that runs it as its runtime serves it (the deployed model's accuracy). ``FORMATS``
+is the one table, which ``verify_deploy``, the deploy pipeline and ``register_deploy_function``
+read; ``WRITERS`` and ``READERS`` are read-only views of it. A new format is one module with
+``write`` (and ``read`` or ``verify``) plus one line here.
 
 Example:
     >>> from mqbench.backends import ParamsTable
@@ -25,44 +28,76 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING
 
+import numpy as np
 import onnx
 
 from mqbench.backends.spec import BackendSpec
-from mqbench.deploy import qlinear
+from mqbench.deploy import qdq, qlinear
 from mqbench.deploy.writers import calib_cache, clip_ranges, nnie, openvino, ppl, snpe, stpu, tengine, vitis
 from mqbench.qparams import QParamTable
 
 if TYPE_CHECKING:
-    from mqbench.deploy.context import DeployContext
+    from mqbench.deploy.comparison import ArtifactReport, VerifyRun
+    from mqbench.deploy.context import DeployContext, DeployResult
 
-__all__ = ["FORMATS", "READERS", "WRITERS", "ArtifactFormat", "Reader", "Writer"]
+__all__ = ["FORMATS", "READERS", "WRITERS", "ArtifactFormat", "Reader", "Runner", "Server", "Writer"]
 
 Writer = Callable[["DeployContext"], Path]
 Reader = Callable[[str | Path, BackendSpec, onnx.ModelProto], QParamTable]
+# run(result, feeds, run) -> ArtifactReport: the model artifact on its runtime, against the simulation
+Runner = Callable[["DeployResult", Mapping[str, np.ndarray], "VerifyRun"], "ArtifactReport"]
+# serve(result) -> run(feeds) -> outputs: the model as its runtime serves it (accuracy of the deployment)
+Server = Callable[["DeployResult"], Callable[[Mapping[str, np.ndarray]], list[np.ndarray]]]
 
 
 @dataclass(frozen=True)
 class ArtifactFormat:
-    """One artifact format: the key a ``BackendSpec.deploy`` lists, how to write it, how to read it back."""
+    """One artifact format: its key, how to write it, and how verification checks it.
+
+    A parameter file has a ``read``er (verification rebuilds a Q/DQ model from the file alone);
+    a model has a ``run``ner (verification runs it on its runtime). ``write`` is None for the
+    models every deployment makes itself (the Q/DQ ``onnx``).
+    """
 
     key: str
-    write: Writer
-    read: Reader | None = None  # None: a model that verify_deploy runs on its runtime
+    write: Writer | None
+    read: Reader | None = None
+    run: Runner | None = None
+    serve: Server | None = None
+    serve_rank: int = 0  # among a deployment's served models, the highest rank is the backend's own
     description: str = ""
 
 
 _FORMATS = [
-    ArtifactFormat("clip_ranges", clip_ranges.write, clip_ranges.read, "TensorRT, TensorRT NLP, Academic (NLP)"),
-    ArtifactFormat("calib_cache", calib_cache.write, calib_cache.read, "TensorRT, TensorRT NLP"),
-    ArtifactFormat("encodings", snpe.write, snpe.read, "SNPE"),
-    ArtifactFormat("ppl_json", ppl.write, ppl.read, "PPL W8A16, PPL CUDA"),
-    ArtifactFormat("nnie_json", nnie.write, nnie.read, "NNIE"),
-    ArtifactFormat("vitis_json", vitis.write, vitis.read, "Vitis"),
-    ArtifactFormat("tengine_scale", tengine.write, tengine.read, "Tengine uint8"),
-    ArtifactFormat("stpu_json", stpu.write, stpu.read, "STPU"),
-    ArtifactFormat("qlinear_onnx", qlinear.write, None, "ONNX QNN, or any backend with deploy_to_qlinear=True"),
-    ArtifactFormat("openvino_onnx", openvino.write, None, "OpenVINO"),
+    ArtifactFormat(
+        "clip_ranges", clip_ranges.write, clip_ranges.read, description="TensorRT, TensorRT NLP, Academic (NLP)"
+    ),
+    ArtifactFormat("calib_cache", calib_cache.write, calib_cache.read, description="TensorRT, TensorRT NLP"),
+    ArtifactFormat("encodings", snpe.write, snpe.read, description="SNPE"),
+    ArtifactFormat("ppl_json", ppl.write, ppl.read, description="PPL W8A16, PPL CUDA"),
+    ArtifactFormat("nnie_json", nnie.write, nnie.read, description="NNIE"),
+    ArtifactFormat("vitis_json", vitis.write, vitis.read, description="Vitis"),
+    ArtifactFormat("tengine_scale", tengine.write, tengine.read, description="Tengine uint8"),
+    ArtifactFormat("stpu_json", stpu.write, stpu.read, description="STPU"),
+    ArtifactFormat(
+        "qlinear_onnx",
+        qlinear.write,
+        run=qlinear.verify,
+        serve=qlinear.serve,
+        serve_rank=1,
+        description="ONNX QNN, or any backend with deploy_to_qlinear=True",
+    ),
+    ArtifactFormat(
+        "openvino_onnx", openvino.write, run=openvino.verify, serve=openvino.serve, serve_rank=2, description="OpenVINO"
+    ),
+    ArtifactFormat(
+        "onnx",
+        None,
+        run=qdq.verify,
+        serve=qdq.serve,
+        description="every backend: the standard Q/DQ model (the pipeline's)",
+    ),
 ]
 FORMATS: Mapping[str, ArtifactFormat] = MappingProxyType({f.key: f for f in _FORMATS})
-WRITERS: Mapping[str, Writer] = MappingProxyType({key: f.write for key, f in FORMATS.items()})
+WRITERS: Mapping[str, Writer] = MappingProxyType({key: f.write for key, f in FORMATS.items() if f.write is not None})
 READERS: Mapping[str, Reader] = MappingProxyType({key: f.read for key, f in FORMATS.items() if f.read is not None})

@@ -1,0 +1,370 @@
+"""What verification compares: the simulation's quantized tensors against a runtime's, as reports.
+
+The pieces every artifact's runner uses (:data:`~mqbench.deploy.writers.FORMATS`): run the
+simulation with each quantizer's output replaced by the runtime's value for that tensor (so a
+difference is that layer's own), measure each tensor in LSBs of its quantizer, and, for this
+host's runtime, record the 16-bit pair-saturation prediction with its cause and remedy.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import numpy as np
+import onnx
+import torch
+from onnx import helper
+from torch import Tensor, nn
+from torch.utils import _pytree as pytree
+
+from mqbench.deploy.onnx_graph import ort_session
+from mqbench.deploy.reference import saturated_layers
+from mqbench.fake_quantize.quantize_base import QuantizeBase
+from mqbench.grids import grid_of
+from mqbench.nn.quantized.saturation import ONEDNN_AVX2, ORT_MLAS_AVX2, PairSaturation
+from mqbench.qparams import QParamTable, TensorQParams
+from mqbench.utils.host import host_facts
+
+__all__ = [
+    "REDUCE_RANGE_REMEDY",
+    "UINT8_WEIGHTS_REMEDY",
+    "ArtifactReport",
+    "HostReport",
+    "Simulation",
+    "TensorDiff",
+    "VerifyRun",
+    "compare",
+    "feeds_for",
+    "host_like",
+    "host_verdict",
+    "may_saturate",
+    "run_ort",
+    "same_values",
+    "simulate",
+    "simulation_copy",
+]
+
+
+@dataclass(frozen=True)
+class TensorDiff:
+    """How one tensor of a runtime compares with the simulation."""
+
+    name: str
+    quantizer: str
+    numel: int
+    max_abs_diff: float
+    max_lsb_diff: float | None  # None: a float tensor with no quantizer to measure LSBs by
+    exact_fraction: float
+
+    def row(self) -> str:
+        lsb = "-" if self.max_lsb_diff is None else f"{self.max_lsb_diff:.3g}"
+        return f"{self.name[:48]:<48} {self.max_abs_diff:>11.3g} {lsb:>8} {self.exact_fraction:>9.2%}"
+
+
+@dataclass
+class ArtifactReport:
+    """One artifact on its runtime: every quantized tensor it exposes and every output."""
+
+    artifact: str
+    runtime: str
+    per_tensor: dict[str, TensorDiff] = field(default_factory=dict)
+    outputs: dict[str, TensorDiff] = field(default_factory=dict)  # end to end
+    local_outputs: dict[str, TensorDiff] = field(default_factory=dict)  # from the runtime's own quantized tensors
+    host: HostReport | None = None  # this host's runtime as it serves the artifact (None: no separate serving path)
+
+    @property
+    def max_abs_diff(self) -> float:
+        return max((d.max_abs_diff for d in self.outputs.values()), default=0.0)
+
+    @property
+    def max_lsb_diff(self) -> float:
+        """The largest per-tensor difference in LSBs (each tensor computed from the runtime's own inputs)."""
+        values = [d.max_lsb_diff for d in self.per_tensor.values()]
+        return max((v for v in values if v is not None), default=0.0)
+
+    @property
+    def output_max_lsb_diff(self) -> float | None:
+        """End to end: the largest difference of a quantized network output, in its LSBs (None: no such output)."""
+        values = [d.max_lsb_diff for d in self.outputs.values() if d.max_lsb_diff is not None]
+        return max(values) if values else None
+
+    @property
+    def exact_fraction(self) -> float:
+        """End to end: the fraction of network output elements that are bit-exact."""
+        total = sum(d.numel for d in self.outputs.values())
+        exact = sum(d.exact_fraction * d.numel for d in self.outputs.values())
+        return exact / total if total else 1.0
+
+    @property
+    def tensor_exact_fraction(self) -> float:
+        """Fraction of the elements of every quantized tensor that are bit-exact."""
+        total = sum(d.numel for d in self.per_tensor.values())
+        exact = sum(d.exact_fraction * d.numel for d in self.per_tensor.values())
+        return exact / total if total else 1.0
+
+    @property
+    def first_divergence(self) -> str | None:
+        """The first quantized tensor (graph order) that is not bit-exact."""
+        for name, diff in self.per_tensor.items():
+            if diff.exact_fraction < 1.0:
+                return name
+        return None
+
+    def diverging(self, tolerance: float) -> list[str]:
+        """Quantized tensors (graph order) that differ from the simulation by more than ``tolerance`` LSBs."""
+        return [
+            name for name, d in self.per_tensor.items() if d.max_lsb_diff is not None and d.max_lsb_diff > tolerance
+        ]
+
+
+@dataclass
+class HostReport(ArtifactReport):
+    """An artifact as this host's runtime serves it (graph optimizations on, the CPU's own int8 kernels).
+
+    ``predicted``: the layers that a CPU without VNNI computes differently on these inputs, by the
+    16-bit pair-saturation model (:mod:`mqbench.nn.quantized.saturation`), on any host, with the
+    fraction of each layer's accumulator that changes. Where tensors part from the simulation,
+    ``cause`` says why and ``remedy`` what removes it.
+    """
+
+    predicted: dict[str, float] = field(default_factory=dict)
+    cause: str | None = None
+    remedy: str | None = None
+    served: bool = True  # this runtime is how the artifact is served: its verdict counts in ``passed``
+
+
+# -- the simulation -------------------------------------------------------------------------------
+@dataclass
+class Simulation:
+    outputs: list[np.ndarray]
+    quantized: dict[tuple[str, int], np.ndarray]  # (quantizer name, call index) -> output
+
+
+Forced = Mapping[tuple[str, int], np.ndarray]
+
+
+def simulation_copy(qmodel: nn.Module) -> nn.Module:
+    model = copy.deepcopy(qmodel).eval()
+    for module in model.modules():
+        if isinstance(module, QuantizeBase):
+            module.disable_observer()
+    return model
+
+
+def simulate(model: nn.Module, inputs: Sequence[Tensor], forced: Forced | None = None) -> Simulation:
+    """Run the simulation (eval mode, observers off) recording every enabled quantizer's output.
+
+    With ``forced``, each quantizer's output is recorded and then replaced by the runtime's value
+    for that tensor, so the next layers start from what the runtime computed: each tensor's
+    difference is then that layer's own, not an accumulation of earlier ones.
+    """
+    records: dict[tuple[str, int], np.ndarray] = {}
+    calls: dict[str, int] = defaultdict(int)
+    handles = []
+    for name, module in model.named_modules():
+        if isinstance(module, QuantizeBase):
+
+            def hook(mod: nn.Module, args: Any, output: Tensor, name: str = name) -> Tensor | None:
+                key = (name, calls[name])
+                calls[name] += 1
+                records[key] = output.detach().float().numpy().copy()
+                if forced is not None and key in forced and forced[key].size == output.numel():
+                    # A copy: an in-place op after the quantizer must not write into the runtime's values.
+                    return torch.tensor(forced[key], dtype=output.dtype).reshape(output.shape)
+                return None
+
+            handles.append(module.register_forward_hook(hook))
+    try:
+        with torch.no_grad():
+            flat, _ = pytree.tree_flatten(model(*inputs))
+    finally:
+        for handle in handles:
+            handle.remove()
+    return Simulation([t.detach().float().numpy() for t in flat if isinstance(t, Tensor)], records)
+
+
+# -- comparisons ----------------------------------------------------------------------------------
+def _diff(name: str, entry: TensorQParams | None, sim: np.ndarray, got: np.ndarray) -> TensorDiff:
+    got = np.asarray(got, dtype=np.float32)
+    if got.shape != sim.shape:
+        if got.size != sim.size:
+            raise ValueError(f"tensor {name!r}: runtime shape {list(got.shape)} vs simulation {list(sim.shape)}")
+        got = got.reshape(sim.shape)
+    delta = np.abs(got.astype(np.float64) - sim.astype(np.float64))
+    lsb = None
+    if entry is not None:
+        grid = grid_of(entry.grid)
+        # Both sides are values of the grid: a whole number of steps apart, up to float32 rounding.
+        lsb = float(np.round(np.max(np.abs(grid.steps(entry, got) - grid.steps(entry, sim)), initial=0.0), 2))
+    exact = float(np.mean(got == sim)) if sim.size else 1.0
+    return TensorDiff(name, entry.quantizer if entry else "", int(sim.size), float(delta.max(initial=0.0)), lsb, exact)
+
+
+def _with_outputs(model: onnx.ModelProto, names: Sequence[str]) -> onnx.ModelProto:
+    model = onnx.ModelProto.FromString(model.SerializeToString())
+    present = {v.name for v in model.graph.output}
+    for name in names:
+        if name not in present:
+            model.graph.output.append(helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None))
+            present.add(name)
+    return model
+
+
+def feeds_for(result: Any, inputs: Sequence[Tensor]) -> dict[str, np.ndarray]:
+    """Input arrays keyed by the deployment's input names, in the element types the model declares.
+
+    Token ids stay integers; a float tensor takes the model's float type.
+    """
+    model = onnx.load(result.artifacts["deploy_onnx"], load_external_data=False)
+    declared = {v.name: v.type.tensor_type.elem_type for v in model.graph.input}
+    feeds = {}
+    for name, tensor in zip(result.input_names, inputs, strict=True):
+        array = tensor.detach().cpu().numpy() if isinstance(tensor, Tensor) else np.asarray(tensor)
+        elem = declared.get(name)
+        if elem:
+            wanted = helper.tensor_dtype_to_np_dtype(elem)
+            if array.dtype != wanted:
+                if array.dtype.kind == "f" and wanted.kind in "iub":
+                    raise ValueError(
+                        f"input {name!r}: the deployment takes {wanted} (e.g. token ids), got a {array.dtype} tensor"
+                    )
+                array = array.astype(wanted)
+        feeds[name] = array
+    return feeds
+
+
+@dataclass
+class VerifyRun:
+    """The simulation model, the inputs and the free-running simulation (for the end-to-end outputs)."""
+
+    model: nn.Module
+    inputs: list[Tensor]
+    free: Simulation
+    host: bool  # also run each artifact as this host's runtime serves it
+    tolerance: float
+    served_on_cpu: bool  # the backend's Q/DQ model is served by onnxruntime (its host verdict counts)
+    predict: bool | None  # the saturation prediction: always, never, or (None) where the host verdict parts
+    predictions: dict[str, dict[str, float]] | None = None  # runtime -> layer -> fraction, on the Q/DQ model
+
+    def wants_prediction(self, host: ArtifactReport) -> bool:
+        return bool(self.predict or (self.predict is None and host.diverging(self.tolerance)))
+
+    def predicted(self, result: Any, feeds: Mapping[str, np.ndarray], saturation: PairSaturation) -> dict[str, float]:
+        """The layers of the Q/DQ model that ``saturation``'s kernels would change (one reference run for all)."""
+
+        if self.predictions is None:
+            self.predictions = {}
+            model = onnx.load(result.artifacts["onnx"])
+            if may_saturate(result.table) or _activation_products(model):
+                self.predictions, _ = saturated_layers(model, feeds, (ORT_MLAS_AVX2, ONEDNN_AVX2))
+        return self.predictions.get(saturation.runtime, {})
+
+
+_Report = TypeVar("_Report", bound=ArtifactReport)
+
+
+def same_values(a: Mapping[str, np.ndarray], b: Mapping[str, np.ndarray]) -> bool:
+    return a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+
+
+def host_like(report: ArtifactReport, host: HostReport) -> HostReport:
+    """The host's comparison where its values equal the artifact's, bit for bit (no second simulation)."""
+    host.per_tensor, host.outputs, host.local_outputs = report.per_tensor, report.outputs, report.local_outputs
+    return host
+
+
+def compare(
+    report: _Report,
+    values: Mapping[str, np.ndarray],
+    table: QParamTable,
+    exposed: Mapping[str, str],
+    run: VerifyRun,
+    output_names: Sequence[str],
+) -> _Report:
+    keys = {tensor: (entry.quantizer, int(entry.extra.get("call", 0))) for tensor, entry in table.items()}
+    forced = {keys[t]: values[exposed[t]] for t in table if t in exposed and exposed[t] in values}
+    sim = simulate(run.model, run.inputs, forced)
+    for tensor, entry in table.items():
+        key = keys[tensor]
+        name = exposed.get(tensor)
+        if name is None or name not in values or key not in sim.quantized:
+            continue
+        report.per_tensor[tensor] = _diff(tensor, entry, sim.quantized[key], values[name])
+    by_output = {out: entry for entry in table.values() for out in entry.extra.get("outputs", ())}
+    for index, name in enumerate(output_names):
+        if name in values and index < len(sim.outputs):
+            report.local_outputs[name] = _diff(name, by_output.get(name), sim.outputs[index], values[name])
+    for index, name in enumerate(output_names):
+        if name in values and index < len(run.free.outputs):
+            report.outputs[name] = _diff(name, by_output.get(name), run.free.outputs[index], values[name])
+    return report
+
+
+# -- the host verdict ------------------------------------------------------------------------------
+REDUCE_RANGE_REMEDY = (
+    'prepare with prepare_custom_config_dict={"reduce_range": True} (7-bit weights in [-64, 63], and the same '
+    "for the right operand of products of two activations, which cannot saturate; the simulation follows), "
+    "or serve on a CPU with VNNI"
+)
+UINT8_WEIGHTS_REMEDY = 'or deploy with qlinear_weight_type="uint8" (u8 x u8 kernels do not saturate; slower)'
+
+
+def may_saturate(table: QParamTable) -> bool:
+    """Some weight has integers beyond 7 bits: only then can a pair of u8 x s8 products leave int16."""
+    return any(
+        entry.kind == "weight" and entry.grid == "linear" and max(-entry.quant_min, entry.quant_max) > 64
+        for entry in table.values()
+    )
+
+
+def _activation_products(model: onnx.ModelProto) -> bool:
+    """A MatMul of two values computed at run time (attention), which OpenVINO's int8 kernels may saturate."""
+    constants = {init.name for init in model.graph.initializer}
+    producers = {output: node for node in model.graph.node for output in node.output}
+
+    def computed(name: str) -> bool:
+        node = producers.get(name)
+        if node is not None and node.op_type == "DequantizeLinear":
+            return node.input[0] not in constants
+        return name not in constants
+
+    return any(node.op_type == "MatMul" and all(map(computed, node.input[:2])) for node in model.graph.node)
+
+
+def host_verdict(
+    report: HostReport, predicted: dict[str, float], saturation: PairSaturation, remedy: str, tolerance: float
+) -> HostReport:
+    """Record the prediction of pair saturation and, where tensors part, the cause and the remedy."""
+    facts = host_facts()
+    report.predicted = dict(predicted)
+    bad = report.diverging(tolerance)
+    if not bad:
+        return report
+    if facts["int8_pairs_saturate"] and report.predicted:
+        shown = ", ".join(list(report.predicted)[:5])
+        report.cause = (
+            f"{saturation.runtime}'s int8 kernels on this CPU (no VNNI: {' '.join(facts['isa'])}) sum each two "
+            f"u8 x s8 products in a saturating 16-bit register; the saturation model predicts "
+            f"{len(report.predicted)} layer(s): {shown}"
+        )
+        report.remedy = remedy
+    else:
+        report.cause = (
+            f"{report.runtime} as served differs from the artifact's arithmetic at {', '.join(bad[:5])}; "
+            "16-bit pair saturation does not explain it on this host"
+        )
+    return report
+
+
+# -- runners --------------------------------------------------------------------------------------
+def run_ort(
+    model: onnx.ModelProto, feeds: Mapping[str, np.ndarray], names: Sequence[str], optimize: bool
+) -> dict[str, np.ndarray]:
+    model = _with_outputs(model, names)
+    session = ort_session(model, optimize=optimize)
+    wanted = [v.name for v in model.graph.output]
+    return dict(zip(wanted, session.run(wanted, dict(feeds)), strict=True))

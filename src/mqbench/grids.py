@@ -1,0 +1,230 @@
+"""Quantization grids as deployment reads them: one interface, one object per grid.
+
+A quantizer class names its grid (``deploy_grid``: ``"linear"`` for every scale/zero-point
+quantizer, power-of-two scales included, ``"log"`` for NNIE's logarithmic grid); a
+:class:`~mqbench.qparams.TensorQParams` entry carries the name. Deployment reads a grid only
+through :func:`grid_of`:
+
+* ``qparams_of(quantizer)``: the entry's numbers from a calibrated quantizer (freezing);
+* ``simulate(entry, x)``: the grid's fake quantization from the entry alone (frozen quantizers);
+* ``steps(entry, values)``: each value's position on the grid in LSBs (verification measures
+  differences with it);
+* ``amax(entry)``: the clipping bound a parameter file records;
+* ``to_onnx(builder, tensor, entry)``: the nodes that compute the grid in the Q/DQ model, and
+  ``min_opset`` for them.
+
+A new grid is one subclass of :class:`Grid` registered with :func:`register_grid`.
+
+Example:
+    >>> import numpy as np
+    >>> from mqbench.grids import grid_of
+    >>> from mqbench.qparams import TensorQParams
+    >>> entry = TensorQParams(np.array([0.5], np.float32), np.array([0], np.int32), -128, 127)
+    >>> grid_of(entry.grid).steps(entry, np.array([1.0, -2.5])).tolist()
+    [2.0, -5.0]
+    >>> log = TensorQParams(np.array([1.0], np.float32), np.array([0], np.int32), -127, 127, grid="log", data_max=8.0)
+    >>> grid_of("log").steps(log, np.array([8.0, -8.0, 0.0])).tolist()  # level 127 is step 128 from zero
+    [128.0, -128.0, 0.0]
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import onnx
+import torch
+from torch import Tensor
+
+from mqbench.functional import fake_quantize
+from mqbench.utils.registry import Registry
+
+if TYPE_CHECKING:
+    from mqbench.qparams import TensorQParams
+
+__all__ = ["GRIDS", "Grid", "LinearGrid", "LogGrid", "exponent_offset", "grid_of", "nnie_quantize", "register_grid"]
+
+
+class Grid:
+    """How deployment reads one kind of grid (see the module docstring)."""
+
+    name = ""
+    min_opset = 0  # the opset its ONNX nodes need (0: whatever the model has)
+
+    def qparams_of(self, quantizer: Any) -> dict[str, Any]:
+        """``scale``, ``zero_point`` (tensors) and any grid parameter of a calibrated quantizer."""
+        raise NotImplementedError
+
+    def simulate(self, entry: TensorQParams, x: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def steps(self, entry: TensorQParams, values: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+    def amax(self, entry: TensorQParams) -> np.ndarray:
+        raise NotImplementedError
+
+    def to_onnx(self, builder: Any, tensor: str, entry: TensorQParams) -> str:
+        """Append the nodes computing the grid on ``tensor`` through ``builder``; return the result's name."""
+        raise NotImplementedError
+
+
+def _along_axis(values: np.ndarray, entry: TensorQParams, ndim: int) -> np.ndarray:
+    if entry.axis is None or not ndim:
+        return values
+    shape = [1] * ndim
+    shape[entry.axis % ndim] = -1
+    return values.reshape(shape)
+
+
+class LinearGrid(Grid):
+    """``(clamp(round(x / s) + z, qmin, qmax) - z) * s``: every scale/zero-point quantizer."""
+
+    name = "linear"
+
+    def qparams_of(self, quantizer: Any) -> dict[str, Any]:
+        scale, zero_point = quantizer.export_qparams()
+        return {"scale": scale, "zero_point": zero_point}
+
+    def simulate(self, entry: TensorQParams, x: Tensor) -> Tensor:
+        scale = torch.from_numpy(entry.scale).to(x.device)
+        zero_point = torch.from_numpy(entry.zero_point).to(x.device)
+        return fake_quantize(x, scale, zero_point, entry.quant_min, entry.quant_max, entry.axis)
+
+    def steps(self, entry: TensorQParams, values: np.ndarray) -> np.ndarray:
+        values = np.asarray(values, np.float64)
+        return values / _along_axis(entry.scale.astype(np.float64), entry, values.ndim)
+
+    def amax(self, entry: TensorQParams) -> np.ndarray:
+        low, high = entry.float_range()
+        return np.maximum(np.abs(np.asarray(low, np.float32)), np.abs(np.asarray(high, np.float32)))
+
+    def to_onnx(self, builder: Any, tensor: str, entry: TensorQParams) -> str:
+        # QuantizeLinear holds 8 bits; a wider grid is its arithmetic in float ops
+        return builder.linear8(tensor, entry) if entry.bits <= 8 else builder.linear_wide(tensor, entry)
+
+
+# -- NNIE's logarithmic grid -----------------------------------------------------------------------------
+_LN2 = math.log(2.0)
+_TINY = torch.finfo(torch.float32).tiny  # data_max is floored here, so log(data_max) is finite
+
+
+def _log2_times_16(x: Tensor) -> Tensor:
+    # log2 as log(x) / ln 2 in float64: PyTorch and onnxruntime give the same values this way.
+    # ln 2 is a float64 tensor: torch.onnx.export(dynamo=True) stores Python float constants in
+    # float32 precision, which moved the result by up to one level.
+    return 16.0 * (torch.log(x) / torch.tensor(_LN2, dtype=torch.float64, device=x.device))
+
+
+def exponent_offset(data_max: Tensor) -> Tensor:
+    """``z = round(16 log2(data_max)) - 127`` in float64: the exponent offset of NNIE's log grid."""
+    return torch.round(_log2_times_16(data_max.double().clamp(min=_TINY))) - 127.0
+
+
+def _power_of_2_sixteenths(m: Tensor) -> Tensor:
+    """``2 ** (m / 16)`` for integer-valued float64 ``m``, rounded to float32 (returned as float64)."""
+    return torch.pow(2.0, m / 16.0).float().double()
+
+
+def nnie_quantize(x: Tensor, data_max: Tensor) -> Tensor:
+    """NNIE's log-domain fake quantization (ONNX-exportable ops only; computed in float64).
+
+    With ``z = round(16 log2(data_max)) - 127`` and ``n = round(16 log2|x|)``, a positive ``x``
+    becomes ``2 ** ((k + z) / 16)`` with ``k = clamp(n - z, 0, 127)`` and a negative one
+    ``-2 ** ((k + z) / 16)`` with ``k = clamp(n - z, 1, 127)``. Magnitudes below the threshold
+    ``2 ** ((z - 16) / 16)`` (positive) or ``2 ** ((z - 15) / 16)`` (negative) become 0.
+
+    Levels and thresholds are powers ``2 ** (m / 16)`` with integer ``m``, computed in float64
+    and rounded to float32; the comparison with the threshold is made in float64 against that
+    float32 value. PyTorch's and onnxruntime's float64 ``pow`` and ``log`` differ in the last
+    bit for some arguments, but these float32 roundings, and ``round`` of the float64 log of a
+    float32 input, come out identical (tests/fake_quantize/test_onnx_export.py checks every
+    level and the float32 neighbours of every rounding boundary), so the exported graph
+    reproduces PyTorch bit for bit. The result has the dtype of ``x``.
+    """
+    xd = x.double()
+    z = exponent_offset(data_max)
+    magnitude = xd.abs()
+    positive = xd > 0
+    low = (~positive).to(xd.dtype)  # the smallest code: 0 for positive x, 1 for negative x
+    k = torch.clamp(torch.maximum(torch.round(_log2_times_16(magnitude)) - z, low), max=127.0)
+    level = _power_of_2_sixteenths(k + z)
+    keep = magnitude >= _power_of_2_sixteenths(z - 16.0 + low)
+    value = torch.where(keep, torch.where(positive, level, -level), torch.zeros_like(level))
+    return value.to(x.dtype)
+
+
+class LogGrid(Grid):
+    """NNIE's 8-bit logarithmic grid, described by ``data_max`` alone (see :func:`nnie_quantize`)."""
+
+    name = "log"
+    min_opset = 12  # float64 Pow, GreaterOrEqual
+
+    def qparams_of(self, quantizer: Any) -> dict[str, Any]:
+        return {"scale": quantizer.scale, "zero_point": quantizer.zero_point, "data_max": quantizer.data_max}
+
+    def simulate(self, entry: TensorQParams, x: Tensor) -> Tensor:
+        return nnie_quantize(x, torch.tensor([entry.data_max], dtype=torch.float32, device=x.device))
+
+    def steps(self, entry: TensorQParams, values: np.ndarray) -> np.ndarray:
+        """``sign(x) * (k + 1)`` for level ``k`` and 0 for zero: one LSB is one level (or the step to zero)."""
+        z = float(exponent_offset(torch.tensor([entry.data_max], dtype=torch.float32)).item())
+        magnitude = np.abs(np.asarray(values, np.float64))
+        with np.errstate(divide="ignore"):
+            k = np.where(magnitude > 0, np.round(16 * np.log2(np.maximum(magnitude, 1e-300))) - z + 1, 0)
+        return np.sign(values) * k
+
+    def amax(self, entry: TensorQParams) -> np.ndarray:
+        return np.array([entry.data_max], np.float32)
+
+    def to_onnx(self, builder: Any, tensor: str, entry: TensorQParams) -> str:
+        """:func:`nnie_quantize` in the same float64 ONNX ops."""
+        z = float(exponent_offset(torch.tensor([entry.data_max], dtype=torch.float32)).item())
+        node = builder.node
+
+        def f64(base: str, value: float) -> str:
+            return str(builder.const(f"{tensor}_{base}", np.array(value, np.float64)))
+
+        double = onnx.TensorProto.DOUBLE
+        xd = node("Cast", [tensor], f"{tensor}_f64", to=double)
+        magnitude = node("Abs", [xd], f"{tensor}_abs")
+        positive = node("Greater", [xd, f64("zero", 0.0)], f"{tensor}_positive")
+        low = node("Cast", [node("Not", [positive], f"{tensor}_negative")], f"{tensor}_low", to=double)
+        log2 = node("Div", [node("Log", [magnitude], f"{tensor}_log"), f64("ln2", _LN2)], f"{tensor}_log2")
+        n = node("Round", [node("Mul", [f64("sixteen", 16.0), log2], f"{tensor}_log2x16")], f"{tensor}_n")
+        zc = f64("z", z)
+        k = node("Max", [node("Sub", [n, zc], f"{tensor}_n_minus_z"), low], f"{tensor}_k_low")
+        k = node("Min", [k, f64("k_max", 127.0)], f"{tensor}_k")
+
+        def power(m: str, base: str) -> str:
+            p = node("Pow", [f64("two", 2.0), node("Div", [m, f64("sixteen_d", 16.0)], f"{base}_m16")], base)
+            p = node("Cast", [p], f"{base}_f32", to=onnx.TensorProto.FLOAT)
+            return str(node("Cast", [p], f"{base}_f64", to=double))
+
+        level = power(node("Add", [k, zc], f"{tensor}_k_plus_z"), f"{tensor}_level")
+        shift = node("Add", [f64("z_minus_16", z - 16.0), low], f"{tensor}_threshold_exp")
+        threshold = power(shift, f"{tensor}_threshold")
+        keep = node("GreaterOrEqual", [magnitude, threshold], f"{tensor}_keep")
+        signed = node("Where", [positive, level, node("Neg", [level], f"{tensor}_neg_level")], f"{tensor}_signed")
+        value = node("Where", [keep, signed, f64("zero_level", 0.0)], f"{tensor}_value")
+        return str(node("Cast", [value], f"{tensor}_dq", to=onnx.TensorProto.FLOAT))
+
+
+class _GridRegistry(Registry[Grid]):
+    missing_error = ValueError
+
+
+GRIDS: Registry[Grid] = _GridRegistry("quantization grid", {"linear": LinearGrid(), "log": LogGrid()})
+
+
+def register_grid(grid: Grid, replace: bool = False) -> Grid:
+    """Make ``grid`` known under ``grid.name`` (a quantizer class names it in ``deploy_grid``)."""
+    if not isinstance(grid, Grid) or not grid.name:
+        raise ValueError(f"register_grid expects a named Grid instance, got {grid!r}")
+    return GRIDS.register(grid, grid.name, replace)
+
+
+def grid_of(name: str) -> Grid:
+    """The grid registered under ``name`` (ValueError listing the known ones otherwise)."""
+    return GRIDS[name]
