@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
 from mqbench.backends.spec import BackendSpec, QuantizerSpec
+from mqbench.observer import ObserverDict
 from mqbench.scheme import QuantScheme
 from mqbench.utils.config import check_keys
 from mqbench.utils.factory import Factory
@@ -34,8 +36,23 @@ class QConfigPair:
     reduce_range: bool = False
 
 
+# Scheme keys that are observer arguments rather than grid properties (MQBench passes them on).
+_OBSERVER_SCHEME_KEYS = ("p",)  # p: the Lp norm the MSE observers minimise
+
+
+def _takes(observer: str | type, argument: str) -> bool:
+    cls = ObserverDict.resolve(observer) if isinstance(observer, str) else observer
+    constructors = [k.__dict__["__init__"] for k in cls.__mro__ if "__init__" in k.__dict__]  # cooperative kwargs
+    return any(argument in inspect.signature(init).parameters for init in constructors)
+
+
 def _side(spec: QuantizerSpec | None, side: str, extra: Mapping[str, Any]) -> QuantizerSpec:
     given = {key: extra[f"{side}_{key}"] for key in _KEYS if f"{side}_{key}" in extra}
+    observer_args = {}
+    if "qscheme" in given:
+        scheme = dict(given["qscheme"])
+        observer_args = {key: scheme.pop(key) for key in _OBSERVER_SCHEME_KEYS if key in scheme}
+        given["qscheme"] = scheme
     if spec is None:
         spec = QuantizerSpec(QuantScheme.from_dict(given["qscheme"]), given["fakequantize"], given["observer"])
     changes: dict[str, Any] = {}
@@ -49,6 +66,16 @@ def _side(spec: QuantizerSpec | None, side: str, extra: Mapping[str, Any]) -> Qu
         changes["fake_quantize_kwargs"] = {**spec.fake_quantize_kwargs, **given["fakeq_params"]}
     if "observer_extra_args" in given:
         changes["observer_kwargs"] = {**spec.observer_kwargs, **given["observer_extra_args"]}
+    if observer_args:
+        observer = changes.get("observer", spec.observer)
+        for key in observer_args:
+            if not _takes(observer, key):
+                name = observer if isinstance(observer, str) else observer.__name__
+                raise ValueError(
+                    f"extra_qconfig_dict['{side}_qscheme'] key {key!r} is an argument of the observer, and {name} "
+                    f"takes none; use an observer that does (MSEObserver, EMAMSEObserver) or drop {key!r}"
+                )
+        changes["observer_kwargs"] = {**changes.get("observer_kwargs", spec.observer_kwargs), **observer_args}
     return replace(spec, **changes)
 
 

@@ -11,17 +11,20 @@ Example:
 
 from __future__ import annotations
 
+from mqbench.fake_quantize.adaround import AdaRoundFakeQuantize
 from mqbench.fake_quantize.dorefa import DoReFaFakeQuantize
 from mqbench.fake_quantize.dsq import DSQFakeQuantize
 from mqbench.fake_quantize.fixed import FixedFakeQuantize
 from mqbench.fake_quantize.lsq import LearnableFakeQuantize
 from mqbench.fake_quantize.nnie import NNIEFakeQuantize
 from mqbench.fake_quantize.pact import PACTFakeQuantize
+from mqbench.fake_quantize.qdrop import QDropFakeQuantize
 from mqbench.fake_quantize.quantize_base import QuantizeBase
 from mqbench.fake_quantize.tqt import TqtFakeQuantize
 from mqbench.utils.registry import Registry
 
 __all__ = [
+    "AdaRoundFakeQuantize",
     "DSQFakeQuantize",
     "DoReFaFakeQuantize",
     "FakeQuantizeDict",
@@ -29,6 +32,7 @@ __all__ = [
     "LearnableFakeQuantize",
     "NNIEFakeQuantize",
     "PACTFakeQuantize",
+    "QDropFakeQuantize",
     "QuantizeBase",
     "TqtFakeQuantize",
     "register_fake_quantize",
@@ -46,6 +50,8 @@ FakeQuantizeDict: Registry[type[QuantizeBase]] = Registry(
             DSQFakeQuantize,
             TqtFakeQuantize,
             NNIEFakeQuantize,
+            AdaRoundFakeQuantize,
+            QDropFakeQuantize,
         )
     },
 )

@@ -1,0 +1,25 @@
+"""Reconstruction PTQ with MQBench's API: ``ptq_reconstruction(model, cali_data, config)``.
+
+AdaRound (``pattern: layer``), BRECQ (``pattern: block``) and QDrop (``pattern: block``,
+``prob < 1`` with QDropFakeQuantize activations) on a model from ``prepare_by_platform``,
+calibrated first. See :mod:`mqbench.advanced_ptq.reconstruction` for the algorithm and
+:mod:`mqbench.advanced_ptq.units` for how units are found.
+"""
+
+from mqbench.advanced_ptq.reconstruction import (
+    CONFIG_DEFAULTS,
+    LinearTempDecay,
+    ReconstructionConfig,
+    ptq_reconstruction,
+)
+from mqbench.advanced_ptq.units import Unit, cut_points, find_units
+
+__all__ = [
+    "CONFIG_DEFAULTS",
+    "LinearTempDecay",
+    "ReconstructionConfig",
+    "Unit",
+    "cut_points",
+    "find_units",
+    "ptq_reconstruction",
+]

@@ -1,0 +1,61 @@
+"""QDropFakeQuantize: a learned activation scale and random dropping of quantization (Wei et al., 2022).
+
+The quantizer of :class:`~mqbench.fake_quantize.LearnableFakeQuantize` (scale, and zero point for
+affine schemes, learned; no LSQ gradient scaling by default, as QDrop trains it) plus ``prob``:
+the probability that an element is quantized. With ``prob < 1`` each element of the output is,
+independently, the quantized value with probability ``prob`` and the float input otherwise;
+reconstruction sets ``prob`` (MQBench's config key ``prob``) and restores 1.0 afterwards, so the
+deployed model always quantizes.
+
+Example:
+    >>> import torch
+    >>> from mqbench.fake_quantize import QDropFakeQuantize
+    >>> fq = QDropFakeQuantize(quant_min=0, quant_max=15)
+    >>> _ = fq(torch.linspace(0, 1.5, 7)); fq.disable_observer()
+    >>> x = torch.full((1000,), 0.33)
+    >>> fq.prob = 0.0
+    >>> torch.equal(fq(x), x)
+    True
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from mqbench.fake_quantize.lsq import LearnableFakeQuantize
+from mqbench.observer import MinMaxObserver
+
+__all__ = ["QDropFakeQuantize"]
+
+
+class QDropFakeQuantize(LearnableFakeQuantize):
+    """Learned-scale fake quantization that keeps each element float with probability ``1 - prob``."""
+
+    def __init__(
+        self, observer: Any = MinMaxObserver, use_grad_scaling: bool = False, prob: float = 1.0, **kwargs: Any
+    ) -> None:
+        super().__init__(observer, use_grad_scaling=use_grad_scaling, **kwargs)
+        self.prob = prob
+
+    @property
+    def prob(self) -> float:
+        return self._prob
+
+    @prob.setter
+    def prob(self, value: float) -> None:
+        if not 0.0 <= float(value) <= 1.0:
+            raise ValueError(f"prob is the probability of quantizing an element, in [0, 1]; got {value}")
+        self._prob = float(value)
+
+    def quantize(self, x: Tensor) -> Tensor:
+        quantized = super().quantize(x)
+        if self._prob >= 1.0:
+            return quantized
+        keep = torch.rand_like(x) < self._prob
+        return torch.where(keep, quantized, x)
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, prob={self._prob}"
