@@ -40,12 +40,20 @@ from mqbench.advanced_ptq.units import PATTERNS, Unit, find_units
 from mqbench.custom_quantizer.passes import eliminate_dead_code
 from mqbench.fake_quantize.adaround import ROUND_MODES, AdaRoundFakeQuantize
 from mqbench.fake_quantize.lsq import LearnableFakeQuantize
-from mqbench.fake_quantize.qdrop import QDropFakeQuantize
+from mqbench.fake_quantize.qdrop import QDropFakeQuantize, keep_mask
 from mqbench.fake_quantize.quantize_base import QuantizeBase
 from mqbench.utils.logger import logger
 from mqbench.utils.state import disable_all, enable_quantization
 
-__all__ = ["CONFIG_DEFAULTS", "LinearTempDecay", "ReconstructionConfig", "ptq_reconstruction"]
+__all__ = [
+    "CONFIG_DEFAULTS",
+    "LinearTempDecay",
+    "ReconstructionConfig",
+    "UnitCache",
+    "UnitReconstruction",
+    "float_copy",
+    "ptq_reconstruction",
+]
 
 # MQBench's reconstruction keys and their defaults (application/imagenet_example/PTQ configs),
 # plus mqbench's own: batch_size, memory_budget_mb, seed, progress.
@@ -251,86 +259,140 @@ def _progress(iterable: Iterable[int], enabled: bool, description: str) -> Itera
     yield from tqdm(iterable, desc=description, disable=not enabled, leave=False, mininterval=1.0)
 
 
+class UnitReconstruction:
+    """One unit's reconstruction: set up from the cached values, ``step(t)`` per iteration, then ``finish()``.
+
+    ``float_step(index)`` runs the unit's float forward and backward on the same batch without
+    changing anything (gradients for its weights and its inputs, as backpropagation through a
+    network computes them): the reference cost of an iteration (``benchmarks/ptq_speed.py``).
+    """
+
+    def __init__(
+        self,
+        model: fx.GraphModule,
+        fp_model: fx.GraphModule,
+        unit: Unit,
+        cache: UnitCache,
+        config: ReconstructionConfig,
+        generator: random.Random,
+    ) -> None:
+        self.unit, self.cache, self.config, self.generator = unit, cache, config, generator
+        self.model = model
+        self.device = next((p.device for p in model.parameters()), torch.device("cpu"))
+        quant_inputs, fp_inputs = cache.inputs(unit.inputs)
+        self.quant_inputs = [_on(x, self.device) for x in quant_inputs]
+        self.fp_inputs = [_on(x, self.device) for x in fp_inputs]
+        self.fp_unit = _subgraph(fp_model, unit.nodes, unit.inputs, unit.outputs)
+        with torch.no_grad():
+            self.targets = [tuple(_detached(t, self.device) for t in self.fp_unit(*x)) for x in self.fp_inputs]
+        self.unit_model = _subgraph(model, unit.nodes, unit.inputs, unit.outputs).train(False)
+        self.weights, self.activations = _unit_quantizers(self.unit_model, unit)
+        self.start_error = _unit_error(self.unit_model, self.quant_inputs, self.targets)  # rounding to nearest
+        for module, rounding in self.weights:
+            rounding.init(_weight_of(module), config.round_mode)
+        scales = [
+            p for q in self.activations if isinstance(q, LearnableFakeQuantize) for p in (q.scale,) if p.requires_grad
+        ]
+        for activation in self.activations:
+            if isinstance(activation, QDropFakeQuantize):
+                activation.prob = config.prob
+        self.frozen = {p: p.requires_grad for p in model.parameters()}
+        for parameter in model.parameters():
+            parameter.requires_grad_(False)
+        alphas = [q.alpha for _, q in self.weights if q.alpha is not None]
+        for parameter in [*alphas, *scales]:
+            parameter.requires_grad_(True)
+        self.optimizers: list[torch.optim.Optimizer] = []
+        self.schedulers: list[torch.optim.lr_scheduler.LRScheduler] = []
+        if alphas:
+            self.optimizers.append(torch.optim.Adam(alphas))
+        if scales and config.scale_lr > 0:
+            scale_optimizer = torch.optim.Adam(scales, lr=config.scale_lr)
+            self.optimizers.append(scale_optimizer)
+            self.schedulers.append(
+                torch.optim.lr_scheduler.CosineAnnealingLR(scale_optimizer, T_max=config.max_count, eta_min=0.0)
+            )
+        self.decay = LinearTempDecay(config.max_count, config.warm_up, *config.b_range)
+
+    @property
+    def learns(self) -> bool:
+        return bool(self.optimizers)
+
+    def _inputs(self, index: int) -> tuple[Any, ...]:
+        inputs = self.quant_inputs[index]
+        if self.config.prob >= 1.0:
+            return inputs
+        return tuple(
+            torch.where(keep_mask(q, self.config.prob), q, f) if isinstance(q, Tensor) and q.is_floating_point() else q
+            for q, f in zip(inputs, self.fp_inputs[index], strict=True)
+        )
+
+    def step(self, step: int) -> float:
+        """One iteration on a random cached batch; returns the loss."""
+        index = self.generator.randrange(len(self.quant_inputs))
+        outputs = self.unit_model(*self._inputs(index))
+        loss = torch.stack([_rec_loss(o, t) for o, t in zip(outputs, self.targets[index], strict=True)]).sum()
+        if step >= self.config.warm_up * self.config.max_count and self.weights:
+            b = self.decay(step)
+            loss = loss + self.config.weight * torch.stack([q.rounding_loss(b) for _, q in self.weights]).sum()
+        for optimizer in self.optimizers:
+            optimizer.zero_grad()
+        loss.backward()
+        for optimizer in self.optimizers:
+            optimizer.step()
+        for scheduler in self.schedulers:
+            scheduler.step()
+        return float(loss.detach())
+
+    def float_step(self, index: int = 0) -> None:
+        """The unit's float forward and backward on batch ``index`` (weight and input gradients), a cost reference."""
+        parameters = [p for p in self.fp_unit.parameters() if p.is_floating_point()]
+        states = [p.requires_grad for p in parameters]
+        for parameter in parameters:
+            parameter.requires_grad_(True)
+        inputs = [
+            t.detach().requires_grad_(True) if isinstance(t, Tensor) and t.is_floating_point() else t
+            for t in self.fp_inputs[index]
+        ]
+        outputs = self.fp_unit(*inputs)
+        loss = torch.stack([_rec_loss(o, t) for o, t in zip(outputs, self.targets[index], strict=True)]).sum()
+        loss.backward()
+        for parameter, state in zip(parameters, states, strict=True):
+            parameter.grad = None
+            parameter.requires_grad_(state)
+
+    def finish(self) -> dict[str, float]:
+        """Hard rounding into the weights, ``prob`` back to 1; stores the unit's outputs for the next unit."""
+        with torch.no_grad():
+            for module, rounding in self.weights:
+                weight = _weight_of(module)
+                weight.copy_(rounding.get_hard_value(weight))
+                rounding.finish()
+        for activation in self.activations:
+            if isinstance(activation, QDropFakeQuantize):
+                activation.prob = 1.0
+        for parameter, requires_grad in self.frozen.items():
+            parameter.requires_grad_(requires_grad)
+        end = _unit_error(self.unit_model, self.quant_inputs, self.targets)
+        with torch.no_grad():
+            outputs = [tuple(_detached(t, self.device) for t in self.unit_model(*x)) for x in self.quant_inputs]
+        self.cache.store(self.unit.outputs, outputs, self.targets)
+        return {"start": self.start_error, "end": end}
+
+
 def _reconstruct_unit(
     model: fx.GraphModule,
     fp_model: fx.GraphModule,
     unit: Unit,
-    cache: _Cache,
+    cache: UnitCache,
     config: ReconstructionConfig,
     generator: random.Random,
 ) -> dict[str, float]:
-    device = next((p.device for p in model.parameters()), torch.device("cpu"))
-    quant_inputs, fp_inputs = cache.inputs(unit.inputs)
-    quant_inputs = [_on(x, device) for x in quant_inputs]
-    fp_inputs = [_on(x, device) for x in fp_inputs]
-    fp_unit = _subgraph(fp_model, unit.nodes, unit.inputs, unit.outputs)
-    with torch.no_grad():
-        targets = [tuple(_detached(t, device) for t in fp_unit(*x)) for x in fp_inputs]
-    unit_model = _subgraph(model, unit.nodes, unit.inputs, unit.outputs)
-    weights, activations = _unit_quantizers(unit_model, unit)
-    start = _unit_error(unit_model, quant_inputs, targets)  # rounding to nearest
-    for module, rounding in weights:
-        rounding.init(_weight_of(module), config.round_mode)
-    scales = [p for q in activations if isinstance(q, LearnableFakeQuantize) for p in (q.scale,) if p.requires_grad]
-    for activation in activations:
-        if isinstance(activation, QDropFakeQuantize):
-            activation.prob = config.prob
-    frozen = {p: p.requires_grad for p in model.parameters()}
-    for parameter in model.parameters():
-        parameter.requires_grad_(False)
-    alphas = [q.alpha for _, q in weights if q.alpha is not None]
-    for parameter in [*alphas, *scales]:
-        parameter.requires_grad_(True)
-    optimizers: list[torch.optim.Optimizer] = []
-    schedulers = []
-    if alphas:
-        optimizers.append(torch.optim.Adam(alphas))
-    if scales and config.scale_lr > 0:
-        scale_optimizer = torch.optim.Adam(scales, lr=config.scale_lr)
-        optimizers.append(scale_optimizer)
-        schedulers.append(
-            torch.optim.lr_scheduler.CosineAnnealingLR(scale_optimizer, T_max=config.max_count, eta_min=0.0)
-        )
-    decay = LinearTempDecay(config.max_count, config.warm_up, *config.b_range)
-    if optimizers:
-        unit_model.train(False)
+    work = UnitReconstruction(model, fp_model, unit, cache, config, generator)
+    if work.learns:
         for step in _progress(range(config.max_count), config.progress, f"reconstruct {unit.name}"):
-            index = generator.randrange(len(quant_inputs))
-            inputs = quant_inputs[index]
-            if config.prob < 1.0:
-                inputs = tuple(
-                    torch.where(torch.rand_like(q) < config.prob, q, f)
-                    if isinstance(q, Tensor) and q.is_floating_point()
-                    else q
-                    for q, f in zip(quant_inputs[index], fp_inputs[index], strict=True)
-                )
-            outputs = unit_model(*inputs)
-            loss = torch.stack([_rec_loss(o, t) for o, t in zip(outputs, targets[index], strict=True)]).sum()
-            if step >= config.warm_up * config.max_count and weights:
-                b = decay(step)
-                loss = loss + config.weight * torch.stack([q.rounding_loss(b) for _, q in weights]).sum()
-            for optimizer in optimizers:
-                optimizer.zero_grad()
-            loss.backward()
-            for optimizer in optimizers:
-                optimizer.step()
-            for scheduler in schedulers:
-                scheduler.step()
-    with torch.no_grad():
-        for module, rounding in weights:
-            weight = _weight_of(module)
-            weight.copy_(rounding.get_hard_value(weight))
-            rounding.finish()
-    for activation in activations:
-        if isinstance(activation, QDropFakeQuantize):
-            activation.prob = 1.0
-    for parameter, requires_grad in frozen.items():
-        parameter.requires_grad_(requires_grad)
-    end = _unit_error(unit_model, quant_inputs, targets)
-    with torch.no_grad():
-        quant_outputs = [tuple(_detached(t, device) for t in unit_model(*x)) for x in quant_inputs]
-    cache.store(unit.outputs, quant_outputs, targets)
-    return {"start": start, "end": end}
+            work.step(step)
+    return work.finish()
 
 
 @torch.no_grad()
@@ -361,11 +423,11 @@ def ptq_reconstruction(model: fx.GraphModule, cali_data: Any, config: Any) -> fx
     units = find_units(model, settings.pattern, settings.exclude_node)
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
     cache_device = device if settings.keep_gpu else torch.device("cpu")
-    fp_model = _float_copy(model)
+    fp_model = float_copy(model)
     enable_quantization(model)
     model.eval()
     batches = _within_budget(fp_model, units, batches, settings.memory_budget_mb * 2**20, generator)
-    cache = _Cache(model, fp_model, batches, cache_device)
+    cache = UnitCache(model, fp_model, batches, cache_device)
     logger.info(
         "reconstruction: %d %s unit(s), %d batch(es), %d iterations each",
         len(units),
@@ -390,14 +452,14 @@ def ptq_reconstruction(model: fx.GraphModule, cali_data: Any, config: Any) -> fx
     return model
 
 
-def _float_copy(model: fx.GraphModule) -> fx.GraphModule:
+def float_copy(model: fx.GraphModule) -> fx.GraphModule:
     """The float model: the same graph and weights with every quantizer off (kept as the weights were)."""
     fp_model = copy.deepcopy(model)
     disable_all(fp_model)
     return fp_model.eval()
 
 
-class _Cache:
+class UnitCache:
     """Per calibration batch, the values of named nodes in the quantized and in the float model.
 
     A unit's outputs are stored when it is done; the next unit reads them as its inputs, so each

@@ -3,7 +3,8 @@
 The quantizer of :class:`~mqbench.fake_quantize.LearnableFakeQuantize` (scale, and zero point for
 affine schemes, learned; no LSQ gradient scaling by default, as QDrop trains it) plus ``prob``:
 the probability that an element is quantized. With ``prob < 1`` each element of the output is,
-independently, the quantized value with probability ``prob`` and the float input otherwise;
+independently, the quantized value with probability ``prob`` (resolved in steps of 1/256, see
+:func:`keep_mask`) and the float input otherwise;
 reconstruction sets ``prob`` (MQBench's config key ``prob``) and restores 1.0 afterwards, so the
 deployed model always quantizes.
 
@@ -28,7 +29,19 @@ from torch import Tensor
 from mqbench.fake_quantize.lsq import LearnableFakeQuantize
 from mqbench.observer import MinMaxObserver
 
-__all__ = ["QDropFakeQuantize"]
+__all__ = ["QDropFakeQuantize", "keep_mask"]
+
+
+def keep_mask(like: Tensor, prob: float) -> Tensor:
+    """A boolean tensor shaped like ``like``, each element True with probability ``prob`` (in steps of 1/256).
+
+    Eight random bits per element, cut from 64-bit random words: about four times cheaper than
+    ``torch.rand_like(like) < prob`` on a CPU, where drawing the random numbers dominates a
+    QDrop iteration.
+    """
+    count = like.numel()
+    words = torch.randint(-(2**63), 2**63 - 1, ((count + 7) // 8,), dtype=torch.int64, device=like.device)
+    return words.view(torch.uint8)[:count].view(like.shape) < round(prob * 256)
 
 
 class QDropFakeQuantize(LearnableFakeQuantize):
@@ -54,8 +67,7 @@ class QDropFakeQuantize(LearnableFakeQuantize):
         quantized = super().quantize(x)
         if self._prob >= 1.0:
             return quantized
-        keep = torch.rand_like(x) < self._prob
-        return torch.where(keep, quantized, x)
+        return torch.where(keep_mask(x, self._prob), quantized, x)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, prob={self._prob}"
