@@ -6,6 +6,7 @@ calibrated first. See :mod:`mqbench.advanced_ptq.reconstruction` for the algorit
 :mod:`mqbench.advanced_ptq.units` for how units are found.
 """
 
+from mqbench.advanced_ptq.correction import bias_correction, cross_layer_equalization
 from mqbench.advanced_ptq.reconstruction import (
     CONFIG_DEFAULTS,
     LinearTempDecay,
@@ -19,6 +20,8 @@ __all__ = [
     "LinearTempDecay",
     "ReconstructionConfig",
     "Unit",
+    "bias_correction",
+    "cross_layer_equalization",
     "cut_points",
     "find_units",
     "ptq_reconstruction",

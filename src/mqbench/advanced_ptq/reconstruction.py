@@ -51,7 +51,10 @@ __all__ = [
     "ReconstructionConfig",
     "UnitCache",
     "UnitReconstruction",
+    "calibration_batches",
+    "call_with",
     "float_copy",
+    "model_up_to",
     "ptq_reconstruction",
 ]
 
@@ -168,7 +171,7 @@ def _subgraph(
     return fx.GraphModule(model, graph)
 
 
-def _prefix(model: fx.GraphModule, wanted: Sequence[str]) -> fx.GraphModule:
+def model_up_to(model: fx.GraphModule, wanted: Sequence[str]) -> fx.GraphModule:
     """``model`` up to the nodes ``wanted``, returning their values (the rest of the graph not run)."""
     graph = fx.Graph()
     env: dict[fx.Node, fx.Node] = {}
@@ -187,7 +190,7 @@ def _prefix(model: fx.GraphModule, wanted: Sequence[str]) -> fx.GraphModule:
     return prefix
 
 
-def _batches(cali_data: Any) -> list[Any]:
+def calibration_batches(cali_data: Any) -> list[Any]:
     if isinstance(cali_data, Tensor):
         return [cali_data]
     batches = list(cali_data)
@@ -196,7 +199,7 @@ def _batches(cali_data: Any) -> list[Any]:
     return batches
 
 
-def _call(model: nn.Module, batch: Any) -> Any:
+def call_with(model: nn.Module, batch: Any) -> Any:
     if isinstance(batch, Mapping):
         return model(**batch)
     if isinstance(batch, (tuple, list)):
@@ -220,8 +223,8 @@ def _nbytes(values: Iterable[Any]) -> int:
 def _collect(
     model: fx.GraphModule, wanted: Sequence[str], batches: Sequence[Any], device: torch.device
 ) -> list[tuple[Tensor, ...]]:
-    prefix = _prefix(model, wanted)
-    return [tuple(_detached(t, device) for t in _call(prefix, batch)) for batch in batches]
+    prefix = model_up_to(model, wanted)
+    return [tuple(_detached(t, device) for t in call_with(prefix, batch)) for batch in batches]
 
 
 def _rec_loss(pred: Tensor, target: Tensor) -> Tensor:
@@ -417,7 +420,7 @@ def ptq_reconstruction(model: fx.GraphModule, cali_data: Any, config: Any) -> fx
     if not isinstance(model, fx.GraphModule):
         raise ValueError(f"ptq_reconstruction takes the model prepare_by_platform returned, got {type(model).__name__}")
     settings = ReconstructionConfig.from_mapping(config)
-    batches = _batches(cali_data)
+    batches = calibration_batches(cali_data)
     generator = random.Random(settings.seed)
     torch.manual_seed(settings.seed)
     units = find_units(model, settings.pattern, settings.exclude_node)

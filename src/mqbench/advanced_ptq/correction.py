@@ -1,0 +1,193 @@
+"""Cross-layer equalization and empirical bias correction (Nagel et al., 2019), on a prepared model.
+
+``cross_layer_equalization(model)``: for each pair of layers where the first one's output reaches
+the second one alone, through nothing but a ReLU (or nothing, or activation quantizers not yet
+calibrated), output channel ``i`` of the first layer is divided by
+``s_i = sqrt(r1_i / r2_i)`` and input channel ``i`` of the second multiplied by it (``r1_i`` the
+largest magnitude of the first layer's channel ``i`` weights, ``r2_i`` that of the second
+layer's input channel ``i``). ReLU commutes with a positive scale, so the float model computes
+the same; afterwards both ranges are ``sqrt(r1_i r2_i)``, which evens out per-tensor weight
+grids. Run it on a prepared model before calibrating it (BatchNorm is folded by then in
+post-training preparation); depthwise second layers are handled, other grouped ones skipped.
+
+``bias_correction(model, cali_data)``: for each quantized conv or linear layer, in graph order,
+the mean per output channel of ``layer(x; quantized weight) - layer(x; float weight)`` over the
+calibration data (``x`` as the quantized model computes it, earlier corrections included) is
+subtracted from the layer's bias. Run it after calibration, in quantization mode.
+
+Example:
+    >>> import torch
+    >>> from torch import nn
+    >>> from mqbench.prepare_by_platform import prepare_by_platform
+    >>> from mqbench.advanced_ptq import cross_layer_equalization
+    >>> _ = torch.manual_seed(0)
+    >>> model = nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2)).eval()
+    >>> with torch.no_grad():
+    ...     model[0].weight[0] *= 50  # one channel 50x the others: a per-tensor grid wastes its bits
+    >>> qmodel = prepare_by_platform(model, "tensorrt")
+    >>> from mqbench.utils.state import disable_all
+    >>> disable_all(qmodel)  # compare the float computations
+    >>> x = torch.randn(8, 4)
+    >>> before = qmodel(x)
+    >>> [pair for pair in cross_layer_equalization(qmodel)]
+    [('_0', '_2')]
+    >>> torch.allclose(qmodel(x), before, atol=1e-5)
+    True
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, cast
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, fx, nn
+
+from mqbench.advanced_ptq.reconstruction import calibration_batches, call_with, model_up_to
+from mqbench.custom_quantizer.ops import node_kind
+from mqbench.fake_quantize.quantize_base import QuantizeBase
+from mqbench.nn.intrinsic.qat.modules.bn_folding import BnFoldingModule
+from mqbench.utils.logger import logger
+
+__all__ = ["bias_correction", "cross_layer_equalization"]
+
+_LAYERS = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Linear)
+
+
+def _layer(node: fx.Node, modules: dict[str, nn.Module]) -> nn.Module | None:
+    """A conv or linear layer (a BatchNorm-folding QAT module is not: its weight is not what it applies)."""
+    module = modules.get(str(node.target)) if node.op == "call_module" else None
+    if isinstance(module, BnFoldingModule) or not isinstance(module, _LAYERS):
+        return None
+    return module if isinstance(getattr(module, "weight", None), Tensor) else None
+
+
+def _weight(module: nn.Module) -> Tensor:
+    return cast(Tensor, module.weight)
+
+
+def _bias(module: nn.Module) -> Tensor | None:
+    return cast("Tensor | None", module.bias)
+
+
+def _ends_with_other_activation(module: nn.Module) -> bool:
+    """A fused module ending in something other than ReLU (ReLU6, Hardswish) does not commute with scaling."""
+    return any(isinstance(child, (nn.ReLU6, nn.Hardswish, nn.Hardtanh, nn.SiLU, nn.GELU)) for child in module.modules())
+
+
+def _next_layer(node: fx.Node, modules: dict[str, nn.Module]) -> fx.Node | None:
+    """The layer that alone reads ``node``'s output, through ReLUs and quantizers only."""
+    current = node
+    while True:
+        users = list(current.users)
+        if len(users) != 1:
+            return None
+        user = users[0]
+        if _layer(user, modules) is not None:
+            return user if user.args and user.args[0] is current else None
+        quantizer = user.op == "call_module" and isinstance(modules.get(str(user.target)), QuantizeBase)
+        if not (quantizer or node_kind(user, modules) == "relu"):
+            return None
+        current = user
+
+
+def _input_ranges(second: nn.Module, channels: int) -> Tensor | None:
+    weight = _weight(second).detach()
+    groups = getattr(second, "groups", 1)
+    if groups == 1:
+        return weight.transpose(0, 1).reshape(weight.shape[1], -1).abs().amax(1)
+    if groups == channels and weight.shape[0] == channels and weight.shape[1] == 1:  # depthwise
+        return weight.reshape(channels, -1).abs().amax(1)
+    return None
+
+
+def _scale_inputs(second: nn.Module, scale: Tensor) -> None:
+    weight = _weight(second)
+    # depthwise: input channel i is output channel i
+    standard = getattr(second, "groups", 1) == 1
+    shape = [1, -1] + [1] * (weight.dim() - 2) if standard else [-1] + [1] * (weight.dim() - 1)
+    weight.mul_(scale.reshape(shape))
+
+
+@torch.no_grad()
+def cross_layer_equalization(model: fx.GraphModule, iterations: int = 1) -> list[tuple[str, str]]:
+    """Equalize the weight ranges of every eligible pair of layers (see the module docstring); returns the pairs."""
+    modules = dict(model.named_modules())
+    pairs = []
+    for node in model.graph.nodes:
+        first = _layer(node, modules)
+        if first is None or _ends_with_other_activation(first):
+            continue
+        follower = _next_layer(node, modules)
+        second = _layer(follower, modules) if follower is not None else None
+        if follower is None or second is None:
+            continue
+        channels = _weight(first).shape[0]
+        if _input_ranges(second, channels) is None or (getattr(first, "groups", 1) != 1 and first.groups != channels):
+            continue
+        pairs.append((node.name, follower.name, first, second))
+    for _ in range(iterations):
+        for _, _, first, second in pairs:
+            weight = _weight(first)
+            channels = weight.shape[0]
+            r1 = weight.detach().reshape(channels, -1).abs().amax(1)
+            r2 = cast(Tensor, _input_ranges(second, channels))  # not None: checked when the pair was taken
+            usable = (r1 > 0) & (r2 > 0)
+            scale = torch.where(usable, torch.sqrt(r1 / torch.where(usable, r2, 1.0)), torch.ones_like(r1))
+            weight.div_(scale.reshape([-1] + [1] * (weight.dim() - 1)))
+            bias = _bias(first)
+            if bias is not None:
+                bias.div_(scale)
+            _scale_inputs(second, scale)
+    logger.info("cross-layer equalization: %d pair(s)", len(pairs))
+    return [(a, b) for a, b, _, _ in pairs]
+
+
+def _pre_activation(module: nn.Module, x: Tensor, weight: Tensor) -> Tensor:
+    if isinstance(module, nn.Linear):
+        return F.linear(x, weight)
+    return cast(Tensor, module._conv_forward(x, weight, None))  # type: ignore[operator]
+
+
+@torch.no_grad()
+def bias_correction(model: fx.GraphModule, cali_data: Any, layers: Sequence[str] | None = None) -> dict[str, float]:
+    """Correct the bias of each quantized layer for the mean error its quantized weight makes (see the module
+    docstring); returns the largest per-channel correction of each layer."""
+    modules = dict(model.named_modules())
+    batches = calibration_batches(cali_data)
+    corrected: dict[str, float] = {}
+    for node in model.graph.nodes:
+        module = _layer(node, modules)
+        quantizer = getattr(module, "weight_fake_quant", None)
+        if (
+            module is None
+            or not isinstance(quantizer, QuantizeBase)
+            or (layers is not None and node.name not in layers)
+        ):
+            continue
+        source = node.args[0]
+        if not isinstance(source, fx.Node):
+            continue
+        prefix = model_up_to(model, [source.name])
+        total: Tensor | None = None
+        count = 0
+        for batch in batches:
+            (x,) = call_with(prefix, batch)
+            weight = _weight(module)
+            error = _pre_activation(module, x, quantizer(weight)) - _pre_activation(module, x, weight)
+            dims = [d for d in range(error.dim()) if d != 1] if error.dim() > 2 else [0]
+            if isinstance(module, nn.Linear):
+                dims = list(range(error.dim() - 1))
+            summed = error.sum(dim=dims)
+            total = summed if total is None else total + summed
+            count += error.numel() // error.shape[-1 if isinstance(module, nn.Linear) else 1]
+        if total is None:
+            continue
+        mean = total / count
+        if _bias(module) is None:
+            module.bias = nn.Parameter(torch.zeros_like(mean))
+        cast(Tensor, _bias(module)).sub_(mean)
+        corrected[node.name] = float(mean.abs().max())
+    logger.info("bias correction: %d layer(s)", len(corrected))
+    return corrected

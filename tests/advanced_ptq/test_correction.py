@@ -1,0 +1,115 @@
+"""Cross-layer equalization and bias correction against formulas written here."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from mqbench.advanced_ptq import bias_correction, cross_layer_equalization
+from mqbench.prepare_by_platform import prepare_by_platform
+from mqbench.utils.state import disable_all, enable_calibration, enable_quantization
+
+W4_PER_TENSOR = {
+    "extra_qconfig_dict": {
+        "w_qscheme": {"bit": 4, "per_channel": False},
+    }
+}
+
+
+class Pair(nn.Module):
+    def __init__(self, depthwise: bool, activation: type[nn.Module] = nn.ReLU) -> None:
+        super().__init__()
+        self.first = nn.Conv2d(3, 8, 3, padding=1)
+        self.act = activation()
+        self.second = nn.Conv2d(8, 8, 3, padding=1, groups=8) if depthwise else nn.Conv2d(8, 5, 1)
+        with torch.no_grad():  # channels of very different ranges
+            self.first.weight.mul_(torch.logspace(-1, 1, 8).reshape(8, 1, 1, 1))
+
+    def forward(self, x):
+        return self.second(self.act(self.first(x)))
+
+
+def input_ranges(conv: nn.Conv2d) -> torch.Tensor:
+    w = conv.weight.detach()
+    if conv.groups == 1:
+        return w.abs().amax(dim=(0, 2, 3))
+    return w.abs().amax(dim=(1, 2, 3))
+
+
+@pytest.mark.parametrize("depthwise", [False, True])
+def test_equalization_keeps_the_float_function_and_equalizes_the_ranges(depthwise):
+    torch.manual_seed(0)
+    model = Pair(depthwise).eval()
+    qmodel = prepare_by_platform(model, "tensorrt")
+    disable_all(qmodel)
+    x = torch.randn(4, 3, 8, 8)
+    before = qmodel(x)
+    first, second = qmodel.get_submodule("first"), qmodel.get_submodule("second")
+    r1 = first.weight.detach().abs().amax(dim=(1, 2, 3))
+    r2 = input_ranges(second)
+    assert cross_layer_equalization(qmodel) == [("first", "second")]
+    torch.testing.assert_close(qmodel(x), before, rtol=1e-5, atol=1e-5)
+    expected = torch.sqrt(r1 * r2)  # both ranges become sqrt(r1 r2)
+    torch.testing.assert_close(first.weight.detach().abs().amax(dim=(1, 2, 3)), expected, rtol=1e-5, atol=0)
+    torch.testing.assert_close(input_ranges(second), expected, rtol=1e-5, atol=0)
+
+
+def test_equalization_skips_activations_that_do_not_commute_with_scaling():
+    model = Pair(depthwise=False, activation=nn.ReLU6).eval()
+    assert cross_layer_equalization(prepare_by_platform(model, "tensorrt")) == []
+
+
+def calibrated(model, images):
+    qmodel = prepare_by_platform(model, "tensorrt", W4_PER_TENSOR)
+    enable_calibration(qmodel)
+    with torch.no_grad():
+        qmodel(images)
+    enable_quantization(qmodel)
+    return qmodel
+
+
+def test_equalization_before_calibration_lowers_the_per_tensor_error():
+    torch.manual_seed(0)
+    model = Pair(depthwise=False).eval()
+    images, held_out = torch.randn(64, 3, 8, 8), torch.randn(64, 3, 8, 8)
+    plain = calibrated(model, images)
+    equalized = prepare_by_platform(model, "tensorrt", W4_PER_TENSOR)
+    cross_layer_equalization(equalized)
+    enable_calibration(equalized)
+    with torch.no_grad():
+        equalized(images)
+    enable_quantization(equalized)
+    with torch.no_grad():
+        reference = model(held_out)
+        errors = [float((m(held_out) - reference).pow(2).mean()) for m in (plain, equalized)]
+    assert errors[1] < errors[0], errors
+
+
+def test_bias_correction_removes_each_layers_mean_error():
+    torch.manual_seed(0)
+    model = Pair(depthwise=False).eval()
+    with torch.no_grad():
+        model.first.weight.add_(0.02)  # a shared offset the 4-bit grid rounds one way
+    images = [torch.randn(32, 3, 8, 8) + 0.5 for _ in range(4)]
+    qmodel = calibrated(model, torch.cat(images))
+    original = {name: qmodel.get_submodule(name).bias.detach().clone() for name in ("first", "second")}
+    corrections = bias_correction(qmodel, images)
+    assert set(corrections) == {"first", "second"} and max(corrections.values()) > 0
+    # the mean pre-activation error per channel, measured here with the layers' own inputs
+    inputs: dict[str, list[torch.Tensor]] = {"first": [], "second": []}
+    for name in inputs:
+        qmodel.get_submodule(name).register_forward_pre_hook(lambda m, a, name=name: inputs[name].append(a[0]))
+    with torch.no_grad():
+        for batch in images:
+            qmodel(batch)
+        for name, xs in inputs.items():
+            conv = qmodel.get_submodule(name)
+            x = torch.cat(xs)
+            args = (conv.stride, conv.padding, conv.dilation, conv.groups)
+            quantized = F.conv2d(x, conv.weight_fake_quant(conv.weight), conv.bias, *args)
+            full = F.conv2d(x, conv.weight, original[name], *args)
+            mean_error = (quantized - full).mean(dim=(0, 2, 3))
+            typical = float((quantized - full).abs().mean())
+            assert float(mean_error.abs().max()) < 1e-5 * max(1.0, typical), name  # float32 sums of 2048 values
