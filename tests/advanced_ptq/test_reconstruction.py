@@ -11,6 +11,7 @@ import torch
 
 from mqbench.advanced_ptq import ptq_reconstruction
 from mqbench.app.training import train
+from mqbench.backends import ParamsTable
 from mqbench.convert_deploy import convert_deploy
 from mqbench.data import load_digits_split
 from mqbench.deploy.verify import verify_deploy
@@ -130,3 +131,35 @@ def test_config_keys_are_mqbench_s_and_checked(digits):
         ptq_reconstruction(qmodel, calibration, {"b_range": [2, 20]})
     attribute_style = types.SimpleNamespace(pattern="layer", max_count=5, progress=False, exclude_node=["fc"])
     ptq_reconstruction(qmodel, calibration, attribute_style)  # EasyDict-style objects work too
+
+
+LINEAR_GRID_BACKENDS = sorted(
+    name for name in ParamsTable if ParamsTable[name].weight is not None and name != "nnie"
+)  # NNIE's weights are on its log grid: learned linear rounding does not apply (refused below)
+
+
+@pytest.mark.parametrize("backend", LINEAR_GRID_BACKENDS)
+def test_block_reconstruction_deploys_and_verifies_on_every_backend(digits, backend, tmp_path):
+    """The backend's own activation quantizers (scales learned) with AdaRound weights: every artifact
+    within the backend's tolerance of the simulation."""
+    model, calibration, test = digits
+    config = {"extra_qconfig_dict": {"w_fakequantize": "AdaRoundFakeQuantize"}}
+    qmodel = prepare_by_platform(model, backend, config)
+    enable_calibration_woquantization(qmodel, "act_fake_quant")
+    with torch.no_grad():
+        for batch in calibration[:2]:
+            qmodel(batch)
+    enable_calibration_woquantization(qmodel, "weight_fake_quant")
+    with torch.no_grad():
+        qmodel(calibration[0])
+    enable_quantization(qmodel)
+    ptq_reconstruction(qmodel, calibration[:2], {**RECON, "max_count": 30, "pattern": "block"})
+    result = convert_deploy(qmodel, backend, {"x": [2, 1, 8, 8]}, output_path=tmp_path / "out")
+    report = verify_deploy(qmodel, result, test.images[:2])
+    assert report.max_lsb_diff <= ParamsTable[backend].lsb_tolerance, report.summary()
+
+
+def test_a_log_grid_backend_refuses_learned_linear_rounding(digits):
+    model, _, _ = digits
+    with pytest.raises(ValueError, match=r"backend 'nnie' deploys weights on its 'log' grid.*AdaRoundFakeQuantize"):
+        prepare_by_platform(model, "nnie", {"extra_qconfig_dict": {"w_fakequantize": "AdaRoundFakeQuantize"}})

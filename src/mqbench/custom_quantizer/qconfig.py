@@ -110,6 +110,8 @@ def resolve_qconfig(
         weight_factory, activation_factory = weight.factory(), activation.factory()
     except KeyError as error:
         raise ValueError(str(error.args[0])) from None
+    for side, default, chosen in (("w", spec.weight, weight_factory), ("a", spec.activation, activation_factory)):
+        _check_grid(spec, side, default, chosen)
     if reduce_range:
         given = extra.get("w_qscheme") or {}
         if "bit" in given or "bits" in given:
@@ -125,6 +127,20 @@ def resolve_qconfig(
             )
         weight_factory = reduced_range_variant(weight_factory, spec.name)
     return QConfigPair(weight_factory, activation_factory, weight, activation, reduce_range)
+
+
+def _check_grid(spec: BackendSpec, side: str, default: QuantizerSpec | None, chosen: Factory) -> None:
+    """A backend whose format holds one kind of grid (NNIE's log grid) takes only quantizers of that grid."""
+    if default is None:
+        return
+    expected = getattr(default.factory().cls, "deploy_grid", "linear")
+    got = getattr(chosen.cls, "deploy_grid", "linear")
+    if expected != got:
+        raise ValueError(
+            f"backend {spec.name!r} deploys {_SIDES[side]}s on its {expected!r} grid, but "
+            f"extra_qconfig_dict['{side}_fakequantize'] = {chosen.cls.__name__} quantizes on a {got!r} grid; "
+            f"use a quantizer of the {expected!r} grid ({default.factory().cls.__name__})"
+        )
 
 
 def reduced_range_variant(factory: Factory, backend: str = "") -> Factory:
