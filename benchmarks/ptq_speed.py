@@ -26,12 +26,11 @@ import warnings
 import torch
 
 from _timing import steady_allocator, time_interleaved, write_json
-from mqbench.advanced_ptq import ReconstructionConfig, find_units
+from mqbench.advanced_ptq import ReconstructionConfig, calibrate, find_units
 from mqbench.advanced_ptq.reconstruction import UnitCache, UnitReconstruction, float_copy
 from mqbench.models.zoo import zoo_model
 from mqbench.prepare_by_platform import prepare_by_platform
 from mqbench.utils.host import describe_host
-from mqbench.utils.state import enable_calibration_woquantization, enable_quantization
 
 RECIPE = {
     "extra_qconfig_dict": {
@@ -57,15 +56,7 @@ def prepared(name: str, batch: int) -> tuple[torch.fx.GraphModule, list[torch.Te
     zoo = zoo_model(name)
     model = prepare_by_platform(zoo.model, "academic", RECIPE)
     batches = [zoo.calibration[i : i + batch] for i in range(0, len(zoo.calibration), batch)]
-    enable_calibration_woquantization(model, "act_fake_quant")
-    with torch.no_grad():
-        for images in batches:
-            model(images)
-    enable_calibration_woquantization(model, "weight_fake_quant")
-    with torch.no_grad():
-        model(batches[0])
-    enable_quantization(model)
-    return model, batches
+    return calibrate(model, batches), batches
 
 
 def measure(label: str, batch: int, repeats: int) -> dict[str, object]:

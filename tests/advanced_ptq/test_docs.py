@@ -7,8 +7,8 @@ from pathlib import Path
 
 import torch
 
+from mqbench.advanced_ptq import calibrate
 from mqbench.prepare_by_platform import prepare_by_platform
-from mqbench.utils.state import enable_calibration_woquantization, enable_quantization
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "advanced_ptq.md"
 
@@ -20,14 +20,7 @@ def test_the_guide_runs_and_beats_rounding_to_nearest(capsys):
     assert "W3A4 QDrop:" in capsys.readouterr().out
     # the same model and calibration, rounded to nearest with the guide's quantizers
     nearest = prepare_by_platform(namespace["model"], "academic", namespace["extra_prepare_dict"])
-    enable_calibration_woquantization(nearest, quantizer_type="act_fake_quant")
-    with torch.no_grad():
-        for batch in namespace["cali_data"]:
-            nearest(batch)
-    enable_calibration_woquantization(nearest, quantizer_type="weight_fake_quant")
-    with torch.no_grad():
-        nearest(namespace["cali_data"][0])
-    enable_quantization(nearest)
+    calibrate(nearest, namespace["cali_data"])
     test = namespace["test_split"]
     with torch.no_grad():
         float_logits = namespace["model"](test.images)

@@ -102,7 +102,7 @@ def test_qdrop_keeps_each_element_quantized_with_probability_prob():
     fq(torch.linspace(0, 1.5, 16))
     fq.disable_observer()
     x = torch.full((20000,), 0.33)  # not on the grid: quantized and float elements differ
-    quantized = float(torch.round(torch.tensor(0.33) / fq.scale) * fq.scale)
+    quantized = float(torch.round(torch.tensor(0.33) / fq.scale.detach()) * fq.scale.detach())
     torch.manual_seed(0)
     for prob in (1.0, 0.5, 0.2):
         fq.prob = prob

@@ -11,6 +11,7 @@ from mqbench.advanced_ptq.reconstruction import (
     CONFIG_DEFAULTS,
     LinearTempDecay,
     ReconstructionConfig,
+    calibrate,
     ptq_reconstruction,
 )
 from mqbench.advanced_ptq.units import Unit, cut_points, find_units
@@ -21,6 +22,7 @@ __all__ = [
     "ReconstructionConfig",
     "Unit",
     "bias_correction",
+    "calibrate",
     "cross_layer_equalization",
     "cut_points",
     "find_units",

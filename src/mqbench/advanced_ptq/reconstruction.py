@@ -43,7 +43,7 @@ from mqbench.fake_quantize.lsq import LearnableFakeQuantize
 from mqbench.fake_quantize.qdrop import QDropFakeQuantize, keep_mask
 from mqbench.fake_quantize.quantize_base import QuantizeBase
 from mqbench.utils.logger import logger
-from mqbench.utils.state import disable_all, enable_quantization
+from mqbench.utils.state import disable_all, enable_calibration_woquantization, enable_quantization
 
 __all__ = [
     "CONFIG_DEFAULTS",
@@ -51,6 +51,7 @@ __all__ = [
     "ReconstructionConfig",
     "UnitCache",
     "UnitReconstruction",
+    "calibrate",
     "calibration_batches",
     "call_with",
     "float_copy",
@@ -234,7 +235,7 @@ def _rec_loss(pred: Tensor, target: Tensor) -> Tensor:
 
 
 def _unit_quantizers(
-    unit_model: fx.GraphModule, unit: Unit
+    unit_model: fx.GraphModule,
 ) -> tuple[list[tuple[nn.Module, AdaRoundFakeQuantize]], list[QuantizeBase]]:
     modules = dict(unit_model.named_modules())
     weights: list[tuple[nn.Module, AdaRoundFakeQuantize]] = []
@@ -289,7 +290,7 @@ class UnitReconstruction:
         with torch.no_grad():
             self.targets = [tuple(_detached(t, self.device) for t in self.fp_unit(*x)) for x in self.fp_inputs]
         self.unit_model = _subgraph(model, unit.nodes, unit.inputs, unit.outputs).train(False)
-        self.weights, self.activations = _unit_quantizers(self.unit_model, unit)
+        self.weights, self.activations = _unit_quantizers(self.unit_model)
         self.start_error = _unit_error(self.unit_model, self.quant_inputs, self.targets)  # rounding to nearest
         for module, rounding in self.weights:
             rounding.init(_weight_of(module), config.round_mode)
@@ -383,21 +384,6 @@ class UnitReconstruction:
         return {"start": self.start_error, "end": end}
 
 
-def _reconstruct_unit(
-    model: fx.GraphModule,
-    fp_model: fx.GraphModule,
-    unit: Unit,
-    cache: UnitCache,
-    config: ReconstructionConfig,
-    generator: random.Random,
-) -> dict[str, float]:
-    work = UnitReconstruction(model, fp_model, unit, cache, config, generator)
-    if work.learns:
-        for step in _progress(range(config.max_count), config.progress, f"reconstruct {unit.name}"):
-            work.step(step)
-    return work.finish()
-
-
 @torch.no_grad()
 def _unit_error(
     unit_model: fx.GraphModule, inputs: list[tuple[Tensor, ...]], targets: list[tuple[Tensor, ...]]
@@ -406,6 +392,23 @@ def _unit_error(
     for x, target in zip(inputs, targets, strict=True):
         total += float(sum(_rec_loss(o, t) for o, t in zip(unit_model(*x), target, strict=True)))
     return total / len(inputs)
+
+
+@torch.no_grad()
+def calibrate(model: fx.GraphModule, cali_data: Any) -> fx.GraphModule:
+    """MQBench's calibration before reconstruction; returns ``model`` in quantization mode.
+
+    The activation quantizers observe every batch while nothing is quantized, then the weight
+    quantizers observe the weights (one batch runs them), then every quantizer quantizes.
+    """
+    batches = calibration_batches(cali_data)
+    enable_calibration_woquantization(model, quantizer_type="act_fake_quant")
+    for batch in batches:
+        call_with(model, batch)
+    enable_calibration_woquantization(model, quantizer_type="weight_fake_quant")
+    call_with(model, batches[0])
+    enable_quantization(model)
+    return model
 
 
 def ptq_reconstruction(model: fx.GraphModule, cali_data: Any, config: Any) -> fx.GraphModule:
@@ -439,7 +442,11 @@ def ptq_reconstruction(model: fx.GraphModule, cali_data: Any, config: Any) -> fx
         settings.max_count,
     )
     for number, unit in enumerate(units, 1):
-        errors = _reconstruct_unit(model, fp_model, unit, cache, settings, generator)
+        work = UnitReconstruction(model, fp_model, unit, cache, settings, generator)
+        if work.learns:
+            for step in _progress(range(settings.max_count), settings.progress, f"reconstruct {unit.name}"):
+                work.step(step)
+        errors = work.finish()
         cache.keep({name for later in units[number:] for name in later.inputs})
         logger.info(
             "unit %d/%d %s (%s, %d layer(s)): output error %.4g -> %.4g",
