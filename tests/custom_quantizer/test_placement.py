@@ -11,6 +11,7 @@ import dataclasses
 import inspect
 import math
 import operator
+from typing import Any
 
 import pytest
 import torch
@@ -18,7 +19,7 @@ import torch.nn.functional as F
 from torch import fx, nn
 
 from backend_configs import academic_config
-from mqbench.backends import ParamsTable, register_backend
+from mqbench.backends import ParamsTable, Placement, register_backend
 from mqbench.custom_quantizer import ModelQuantizer, register_model_quantizer
 from mqbench.fake_quantize import LearnableFakeQuantize
 from mqbench.fake_quantize.quantize_base import QuantizeBase
@@ -214,7 +215,7 @@ class TwoHeads(nn.Module):
         return (torch.randn(2, 3, 4, 4),)
 
 
-def prepared(model: nn.Module, backend: str, config: dict | None = None) -> fx.GraphModule:
+def prepared(model: nn.Module, backend: Any, config: dict | None = None) -> fx.GraphModule:
     gm = prepare_by_platform(model.eval(), backend, config)
     gm(*model.inputs())  # the prepared model runs
     return gm
@@ -508,8 +509,27 @@ def test_vitis_scales_are_powers_of_two():
 
 
 # -- transformers ---------------------------------------------------------------------------------
-def test_tensorrt_nlp_quantizes_linear_matmul_and_residual_add_only():
+# MQBench's TensorRT NLP placement: residual adds 8-bit too
+TENSORRT_NLP_INT8_RESIDUAL = dataclasses.replace(
+    ParamsTable["tensorrt_nlp"],
+    placement=Placement(inputs_of={"linear", "matmul", "add"}, add_needs_activations=True),
+)
+
+
+def test_tensorrt_nlp_quantizes_linear_and_matmul_inputs_and_keeps_residual_adds_float():
     gm = prepared(TinyBertBlock(), "tensorrt_nlp")
+    assert quantized_edges(gm) == {
+        "ln0": {"q", "k", "v"},  # the residual add reads the float LayerNorm output
+        "q": {"matmul"},
+        "transpose": {"matmul"},
+        "softmax": {"matmul_1"},
+        "v": {"matmul_1"},
+        "matmul_1": {"o"},
+    }
+
+
+def test_tensorrt_nlp_with_int8_residual_adds_quantizes_the_residual_add_only():
+    gm = prepared(TinyBertBlock(), TENSORRT_NLP_INT8_RESIDUAL)
     assert quantized_edges(gm) == {
         "ln0": {"q", "k", "v", "add_2"},  # q/k/v inputs and one input of the residual add
         "q": {"matmul"},
@@ -535,7 +555,8 @@ def test_academic_nlp_quantizes_linear_and_matmul():
     }
 
 
-def test_hf_bert_tensorrt_nlp_matches_float():
+@pytest.mark.parametrize("int8_residual", [False, True])
+def test_hf_bert_tensorrt_nlp_matches_float(int8_residual):
     transformers = pytest.importorskip("transformers")
     from transformers.utils.fx import HFTracer
 
@@ -551,7 +572,8 @@ def test_hf_bert_tensorrt_nlp_matches_float():
     model = transformers.BertModel(config).eval()
     used = ("input_ids", "attention_mask", "token_type_ids")
     concrete = {name: None for name in inspect.signature(model.forward).parameters if name not in used}
-    gm = prepare_by_platform(model, "tensorrt_nlp", {"concrete_args": concrete}, custom_tracer=HFTracer())
+    backend = TENSORRT_NLP_INT8_RESIDUAL if int8_residual else "tensorrt_nlp"
+    gm = prepare_by_platform(model, backend, {"concrete_args": concrete}, custom_tracer=HFTracer())
 
     modules = dict(gm.named_modules())
     quantizer_outputs = set(quantizer_nodes(gm))
@@ -575,7 +597,7 @@ def test_hf_bert_tensorrt_nlp_matches_float():
     assert len(residuals) == 4
     for add in adds:
         inputs_quantized = [a in quantizer_outputs for a in add.all_input_nodes]
-        assert all(inputs_quantized) if residual(add) else not any(inputs_quantized), add.name
+        assert all(inputs_quantized) if residual(add) and int8_residual else not any(inputs_quantized), add.name
 
     g = torch.Generator().manual_seed(1)
     ids = torch.randint(0, 100, (4, 12), generator=g)

@@ -6,18 +6,21 @@ calibrated first. See :mod:`mqbench.advanced_ptq.reconstruction` for the algorit
 :mod:`mqbench.advanced_ptq.units` for how units are found.
 """
 
+from mqbench.advanced_ptq.calibration import calibrate
 from mqbench.advanced_ptq.correction import bias_correction, cross_layer_equalization
 from mqbench.advanced_ptq.reconstruction import (
     CONFIG_DEFAULTS,
     LinearTempDecay,
     ReconstructionConfig,
-    calibrate,
     ptq_reconstruction,
 )
+from mqbench.advanced_ptq.smoothing import ALPHAS, ChannelScale, smooth_quant
 from mqbench.advanced_ptq.units import Unit, cut_points, find_units
 
 __all__ = [
+    "ALPHAS",
     "CONFIG_DEFAULTS",
+    "ChannelScale",
     "LinearTempDecay",
     "ReconstructionConfig",
     "Unit",
@@ -27,4 +30,5 @@ __all__ = [
     "cut_points",
     "find_units",
     "ptq_reconstruction",
+    "smooth_quant",
 ]

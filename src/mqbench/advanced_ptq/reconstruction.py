@@ -43,7 +43,7 @@ from mqbench.fake_quantize.lsq import LearnableFakeQuantize
 from mqbench.fake_quantize.qdrop import QDropFakeQuantize, keep_mask
 from mqbench.fake_quantize.quantize_base import QuantizeBase
 from mqbench.utils.logger import logger
-from mqbench.utils.state import disable_all, enable_calibration_woquantization, enable_quantization
+from mqbench.utils.state import disable_all, enable_quantization
 
 __all__ = [
     "CONFIG_DEFAULTS",
@@ -51,7 +51,6 @@ __all__ = [
     "ReconstructionConfig",
     "UnitCache",
     "UnitReconstruction",
-    "calibrate",
     "calibration_batches",
     "call_with",
     "float_copy",
@@ -392,23 +391,6 @@ def _unit_error(
     for x, target in zip(inputs, targets, strict=True):
         total += float(sum(_rec_loss(o, t) for o, t in zip(unit_model(*x), target, strict=True)))
     return total / len(inputs)
-
-
-@torch.no_grad()
-def calibrate(model: fx.GraphModule, cali_data: Any) -> fx.GraphModule:
-    """MQBench's calibration before reconstruction; returns ``model`` in quantization mode.
-
-    The activation quantizers observe every batch while nothing is quantized, then the weight
-    quantizers observe the weights (one batch runs them), then every quantizer quantizes.
-    """
-    batches = calibration_batches(cali_data)
-    enable_calibration_woquantization(model, quantizer_type="act_fake_quant")
-    for batch in batches:
-        call_with(model, batch)
-    enable_calibration_woquantization(model, quantizer_type="weight_fake_quant")
-    call_with(model, batches[0])
-    enable_quantization(model)
-    return model
 
 
 def ptq_reconstruction(model: fx.GraphModule, cali_data: Any, config: Any) -> fx.GraphModule:

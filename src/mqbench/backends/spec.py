@@ -176,6 +176,9 @@ class BackendSpec:
     # Its Q/DQ ONNX is what a CPU runtime (onnxruntime, OpenVINO) serves: verify then fails when this
     # host's runtime computes it differently (the QLinear and OpenVINO artifacts always are).
     served_on_cpu: bool = False
+    # mqbench.advanced_ptq.calibrate migrates activation outliers of linear inputs into the weights
+    # first (SmoothQuant, strength searched per input): for transformers on per-tensor 8-bit grids.
+    smooth_linear_inputs: bool = False
     # A declarative rule set (a mqbench.backend_config.BackendConfig) deciding per node what is
     # quantized; its model_quantizer reads it. None: the placement decides, by op kind.
     declared: Any = None

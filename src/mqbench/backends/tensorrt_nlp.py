@@ -1,4 +1,13 @@
-"""The TensorRT NLP backend: TensorRT's explicit quantization for transformers."""
+"""The TensorRT NLP backend: TensorRT's explicit quantization for transformers.
+
+Inputs of Linear layers and of the attention products are int8. Residual adds keep the engine's
+float precision (FP16 in an FP16+INT8 engine): a tensor without a Q/DQ pair or a calibration-cache
+range is not int8 in TensorRT, and BERT-family residual streams carry activation outliers (FFN
+outputs near +-200 next to values below 1) that no 8-bit grid holds. ``calibrate`` migrates the
+outliers of linear inputs into the weights (``smooth_linear_inputs``). MQBench's placement, with
+8-bit residual adds, is ``dataclasses.replace(SPEC, placement=Placement(inputs_of={"linear",
+"matmul", "add"}, add_needs_activations=True))``.
+"""
 
 from dataclasses import replace
 
@@ -10,7 +19,8 @@ __all__ = ["SPEC"]
 SPEC = replace(
     tensorrt.SPEC,
     name="tensorrt_nlp",
-    placement=Placement(inputs_of={"linear", "matmul", "add"}, add_needs_activations=True),
-    description="NVIDIA TensorRT for transformers: Linear, matmul and residual adds",
+    placement=Placement(inputs_of={"linear", "matmul"}),
+    description="NVIDIA TensorRT for transformers: Linear and matmul inputs int8, residual adds in float",
     deploy=("clip_ranges", "calib_cache"),
+    smooth_linear_inputs=True,
 )

@@ -1,0 +1,239 @@
+"""Activation-outlier migration (SmoothQuant, Xiao et al., 2023) on a prepared model.
+
+Transformer activations have a few channels tens of times larger than the rest; a per-tensor
+8-bit grid sized for them rounds every other channel to a handful of levels. Channel ``j`` of the
+input of a linear layer can be divided by ``s_j`` if column ``j`` of the layer's weight is
+multiplied by it (``(x / s) (W s)^T = x W^T``): the outliers move into the weights, whose grid is
+per output channel. ``s_j = a_j^alpha / w_j^(1 - alpha)`` with ``a_j`` the largest magnitude of
+input channel ``j`` over the calibration data and ``w_j`` that of weight column ``j`` (the largest
+over every layer reading the same input).
+
+``smooth_quant(model, cali_data)`` does this for every activation quantizer whose readers are all
+linear layers (attention projections, MLP layers): a :class:`ChannelScale` node (a per-channel
+multiplication by ``1 / s``) is put before the quantizer, only on the linear branch: another
+reader of the same float tensor (a residual connection) keeps it unscaled. The deployed graph has
+that multiplication as a ``Mul`` by a constant before the quantizer, which runtimes fuse into the
+quantization. With ``alpha=None`` (the default) ``alpha`` is chosen per quantizer from
+:data:`ALPHAS`, or no migration at all, whichever gives the least squared error of the layers'
+quantized outputs on a sample of calibration rows (weights and activations on the model's own
+grids). Run it on a prepared model before calibration.
+
+Example:
+    >>> import torch
+    >>> from torch import nn
+    >>> from mqbench.prepare_by_platform import prepare_by_platform
+    >>> from mqbench.advanced_ptq import calibrate, smooth_quant
+    >>> _ = torch.manual_seed(0)
+    >>> model = nn.Sequential(nn.Linear(16, 16), nn.LayerNorm(16), nn.Linear(16, 4)).eval()
+    >>> data = [torch.randn(8, 16) * torch.linspace(0.1, 30, 16) for _ in range(4)]  # outlier channels
+    >>> qmodel = prepare_by_platform(model, "academic_nlp", {"extra_qconfig_dict": {
+    ...     "w_qscheme": {"bit": 8, "symmetry": True, "per_channel": True},
+    ...     "a_qscheme": {"bit": 8, "symmetry": True, "per_channel": False},
+    ...     "w_observer": "MinMaxObserver", "a_observer": "MinMaxObserver",
+    ...     "w_fakequantize": "FixedFakeQuantize", "a_fakequantize": "FixedFakeQuantize"}})
+    >>> sorted(smooth_quant(qmodel, data, alpha=0.5))
+    ['_1_post_act_fake_quantizer', 'input_1_post_act_fake_quantizer']
+    >>> _ = calibrate(qmodel, data)
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, fx, nn
+
+from mqbench.advanced_ptq.reconstruction import calibration_batches, call_with
+from mqbench.fake_quantize.quantize_base import QuantizeBase
+from mqbench.utils.logger import logger
+
+__all__ = ["ALPHAS", "ChannelScale", "smooth_quant"]
+
+ALPHAS = (0.5, 0.6, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95, 1.0)
+"""The migration strengths ``smooth_quant(alpha=None)`` chooses from (besides no migration). ``1.0``
+normalises every input channel to the same range: a per-channel activation scale, folded into the weights."""
+
+
+class ChannelScale(nn.Module):
+    """Multiplies the last dimension of its input by a constant vector (``1 / s`` of the migration)."""
+
+    scale: Tensor
+
+    def __init__(self, scale: Tensor) -> None:
+        super().__init__()
+        self.register_buffer("scale", scale.detach().clone())
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x * self.scale
+
+    def extra_repr(self) -> str:
+        return f"channels={self.scale.numel()}"
+
+
+def _linear_readers(node: fx.Node, modules: dict[str, nn.Module]) -> list[nn.Linear] | None:
+    """The linear layers reading quantizer ``node``'s output as their input, when they are all its readers."""
+    layers = []
+    for user in node.users:
+        module = modules.get(str(user.target)) if user.op == "call_module" else None
+        if not isinstance(module, nn.Linear) or not user.args or user.args[0] is not node or user.kwargs:
+            return None
+        layers.append(module)
+    return layers or None
+
+
+def _fresh(quantizer: QuantizeBase) -> QuantizeBase:
+    """A copy of ``quantizer`` that has observed nothing, observing and quantizing."""
+    twin = copy.deepcopy(quantizer)
+    observer = twin.activation_post_process
+    if isinstance(getattr(observer, "num_batches", None), Tensor):
+        observer.num_batches.zero_()
+    twin.enable_observer()
+    twin.enable_fake_quant()
+    return twin
+
+
+def _quantized(quantizer: QuantizeBase, x: Tensor) -> Tensor:
+    twin = _fresh(quantizer)
+    twin(x)  # observe
+    twin.disable_observer()
+    return twin(x)
+
+
+class _Statistics:
+    """Per-channel extremes of a quantizer's input over the calibration data, and a sample of its rows."""
+
+    def __init__(self, rows: int, generator: torch.Generator) -> None:
+        self.rows, self.generator = rows, generator
+        self.low: Tensor | None = None
+        self.high: Tensor | None = None
+        self.sample: list[Tensor] = []
+
+    def __call__(self, module: nn.Module, args: tuple[Any, ...]) -> None:
+        x = args[0].detach().float()
+        flat = x.reshape(-1, x.shape[-1])
+        low, high = flat.amin(0), flat.amax(0)
+        self.low = low if self.low is None else torch.minimum(self.low, low)
+        self.high = high if self.high is None else torch.maximum(self.high, high)
+        pick = torch.randperm(flat.shape[0], generator=self.generator)[: self.rows]
+        self.sample.append(flat[pick])
+
+    def rows_for_search(self) -> Tensor:
+        sample = torch.cat(self.sample)
+        pick = torch.randperm(sample.shape[0], generator=self.generator)[: self.rows]
+        assert self.low is not None and self.high is not None
+        # the extremes make the sample's range the calibration data's range (per-channel ones included)
+        return torch.cat([sample[pick], self.low[None], self.high[None]])
+
+
+def _error(x: Tensor, layers: Sequence[nn.Linear], act: QuantizeBase, scale: Tensor | None) -> float:
+    """Squared error of the layers' outputs with input and weights quantized after migrating by ``scale``."""
+    xq = _quantized(act, x if scale is None else x / scale)
+    total = 0.0
+    for layer in layers:
+        weight = layer.weight.detach()
+        scaled = weight if scale is None else weight * scale
+        quantizer = layer.weight_fake_quant
+        wq = _quantized(quantizer, scaled) if isinstance(quantizer, QuantizeBase) else scaled
+        total += float((F.linear(xq, wq) - F.linear(x, weight)).square().sum())
+    return total
+
+
+def _migration(a: Tensor, w: Tensor, alpha: float) -> Tensor:
+    return (a.clamp(min=1e-5).pow(alpha) / w.clamp(min=1e-5).pow(1 - alpha)).clamp(min=1e-5)
+
+
+@torch.no_grad()
+def smooth_quant(
+    model: fx.GraphModule,
+    cali_data: Any,
+    alpha: float | None = None,
+    sample_rows: int = 2048,
+    seed: int = 0,
+) -> dict[str, float]:
+    """Migrate activation outliers into the weights of linear layers (see the module docstring).
+
+    Returns the chosen ``alpha`` per activation quantizer that was smoothed (a quantizer for which
+    the search found no migration better than none is left alone and not listed). The model is
+    changed in place: weights multiplied, :class:`ChannelScale` nodes added. Its quantizers are
+    left as they were (observing, quantizing or neither); calibrate it afterwards.
+    """
+    if not isinstance(model, fx.GraphModule):
+        raise ValueError(f"smooth_quant takes the model prepare_by_platform returned, got {type(model).__name__}")
+    if alpha is not None and not 0.0 <= alpha <= 1.0:
+        raise ValueError(f"alpha must be in [0, 1] (or None to search it per quantizer), got {alpha}")
+    modules = dict(model.named_modules())
+    groups: dict[fx.Node, list[nn.Linear]] = {}
+    for node in model.graph.nodes:
+        quantizer = modules.get(str(node.target)) if node.op == "call_module" else None
+        if not isinstance(quantizer, QuantizeBase) or not node.args or not isinstance(node.args[0], fx.Node):
+            continue
+        source = node.args[0]
+        if source.op == "call_module" and isinstance(modules.get(str(source.target)), ChannelScale):
+            continue  # smoothed already
+        layers = _linear_readers(node, modules)
+        if layers is not None:
+            groups[node] = layers
+    if not groups:
+        logger.info("smooth_quant: no activation quantizer read only by linear layers")
+        return {}
+
+    generator = torch.Generator().manual_seed(seed)
+    statistics = {node: _Statistics(sample_rows, generator) for node in groups}
+    switches = {name: (q.observer_enabled.clone(), q.fake_quant_enabled.clone()) for name, q in _quantizers(model)}
+    for _, q in _quantizers(model):
+        q.disable_observer()
+        q.disable_fake_quant()
+    hooks = [modules[str(node.target)].register_forward_pre_hook(statistics[node]) for node in groups]
+    try:
+        for batch in calibration_batches(cali_data):
+            call_with(model, batch)
+    finally:
+        for hook in hooks:
+            hook.remove()
+        for name, q in _quantizers(model):
+            observer, fake_quant = switches[name]
+            q.observer_enabled.copy_(observer)
+            q.fake_quant_enabled.copy_(fake_quant)
+
+    chosen: dict[str, float] = {}
+    for node, layers in groups.items():
+        stats = statistics[node]
+        if stats.high is None or stats.low is None:
+            continue  # never ran
+        act = modules[str(node.target)]
+        w = torch.stack([layer.weight.detach().abs().amax(0) for layer in layers]).amax(0)
+        a = torch.maximum(stats.high.abs(), stats.low.abs())
+        if alpha is not None:
+            best = alpha
+        else:
+            x = stats.rows_for_search()
+            errors = {candidate: _error(x, layers, act, _migration(a, w, candidate)) for candidate in ALPHAS}
+            best = min(errors, key=lambda candidate: errors[candidate])
+            if errors[best] >= _error(x, layers, act, None):
+                continue
+        scale = _migration(a, w, best)
+        for layer in layers:
+            layer.weight.mul_(scale.to(layer.weight.dtype))
+        name = _free_name(model, f"{node.target}_smoothing")
+        model.add_module(name, ChannelScale((1.0 / scale).to(a.dtype)))
+        with model.graph.inserting_before(node):
+            smoothed = model.graph.call_module(name, (node.args[0],))
+        node.args = (smoothed, *node.args[1:])
+        chosen[str(node.target)] = best
+    model.recompile()
+    logger.info("smooth_quant: %d of %d linear input(s) smoothed", len(chosen), len(groups))
+    return chosen
+
+
+def _quantizers(model: nn.Module) -> list[tuple[str, QuantizeBase]]:
+    return [(name, m) for name, m in model.named_modules() if isinstance(m, QuantizeBase)]
+
+
+def _free_name(model: nn.Module, name: str) -> str:
+    candidate, index = name, 1
+    while hasattr(model, candidate):
+        candidate, index = f"{name}_{index}", index + 1
+    return candidate

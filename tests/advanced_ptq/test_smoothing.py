@@ -1,0 +1,142 @@
+"""SmoothQuant migration: the formula, the float function kept, the residual branch untouched, the
+backend's default recipe, and deployment of a smoothed model."""
+
+from __future__ import annotations
+
+import operator
+
+import pytest
+import torch
+from torch import nn
+
+from mqbench.advanced_ptq import ChannelScale, calibrate, smooth_quant
+from mqbench.backends import ParamsTable
+from mqbench.convert_deploy import convert_deploy
+from mqbench.deploy.verify import verify_deploy
+from mqbench.models import bert_tiny
+from mqbench.prepare_by_platform import prepare_by_platform
+from mqbench.utils.state import disable_all
+
+ACADEMIC_W8A8 = {
+    "extra_qconfig_dict": {
+        "w_qscheme": {"bit": 8, "symmetry": True, "per_channel": True, "pot_scale": False},
+        "a_qscheme": {"bit": 8, "symmetry": True, "per_channel": False, "pot_scale": False},
+        "w_observer": "MinMaxObserver",
+        "a_observer": "MinMaxObserver",
+        "w_fakequantize": "FixedFakeQuantize",
+        "a_fakequantize": "FixedFakeQuantize",
+    }
+}
+
+
+class NormThenTwoLinears(nn.Module):
+    """A LayerNorm whose output feeds two linear layers and a residual add (a post-LN transformer's shape)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(16)
+        self.q = nn.Linear(16, 16)
+        self.k = nn.Linear(16, 16)
+        with torch.no_grad():
+            self.norm.weight.copy_(torch.linspace(0.2, 1.0, 16))
+            self.norm.weight[3] = 40.0  # an outlier channel, as BERT's LayerNorms have
+            self.norm.weight[11] = -25.0
+
+    def forward(self, x):
+        h = self.norm(x)
+        return self.q(h) * self.k(h) + h
+
+
+def outlier_batches(count: int = 4) -> list[torch.Tensor]:
+    generator = torch.Generator().manual_seed(0)
+    return [torch.randn(8, 5, 16, generator=generator) for _ in range(count)]
+
+
+def test_the_migration_is_the_formula_and_keeps_the_float_function():
+    torch.manual_seed(0)
+    model = NormThenTwoLinears().eval()
+    data = outlier_batches()
+    qmodel = prepare_by_platform(model, "academic_nlp", ACADEMIC_W8A8)
+    disable_all(qmodel)
+    before = [qmodel(x) for x in data]
+    chosen = smooth_quant(qmodel, data, alpha=0.5)
+    assert list(chosen.values()) == [0.5]
+    # s_j = a_j^alpha / w_j^(1 - alpha): a_j the largest |input| of channel j, w_j the largest |weight| of column j
+    a = torch.stack([model.norm(x).abs().amax((0, 1)) for x in data]).amax(0)
+    w = torch.maximum(model.q.weight.abs().amax(0), model.k.weight.abs().amax(0))
+    s = a.sqrt() / w.sqrt()
+    (scale,) = [m for m in qmodel.modules() if isinstance(m, ChannelScale)]
+    torch.testing.assert_close(scale.scale, 1 / s, rtol=1e-5, atol=0)
+    torch.testing.assert_close(qmodel.get_submodule("q").weight, model.q.weight * s, rtol=1e-5, atol=1e-7)
+    disable_all(qmodel)
+    for x, y in zip(data, before, strict=True):
+        torch.testing.assert_close(qmodel(x), y, rtol=1e-5, atol=1e-5)
+    # the residual add reads the LayerNorm's float output, not the scaled one
+    (add,) = [n for n in qmodel.graph.nodes if n.target is operator.add]
+    assert add.args[1].target == "norm"
+    (smoothed,) = [n for n in qmodel.graph.nodes if n.op == "call_module" and n.target.endswith("_smoothing")]
+    assert smoothed.args[0].target == "norm"
+
+
+def quantized_error(qmodel: nn.Module, model: nn.Module, data: list[torch.Tensor]) -> float:
+    with torch.no_grad():
+        return sum(float((qmodel(x) - model(x)).square().sum()) for x in data)
+
+
+def test_the_searched_migration_lowers_the_error_of_outlier_inputs():
+    torch.manual_seed(0)
+    model = NormThenTwoLinears().eval()
+    data, held_out = outlier_batches(6)[:4], outlier_batches(6)[4:]
+    plain = calibrate(prepare_by_platform(model, "academic_nlp", ACADEMIC_W8A8), data, smooth=False)
+    smoothed = calibrate(prepare_by_platform(model, "academic_nlp", ACADEMIC_W8A8), data, smooth=True)
+    assert any(isinstance(m, ChannelScale) for m in smoothed.modules())
+    assert quantized_error(smoothed, model, held_out) < quantized_error(plain, model, held_out)
+
+
+def bert_with_outliers() -> nn.Module:
+    torch.manual_seed(0)
+    model = bert_tiny(vocab_size=50, dim=32, depth=1, heads=2, max_len=16).eval()
+    with torch.no_grad():
+        model.layers[0].norm1.weight[5] = 30.0  # outlier channels in the residual stream's LayerNorm
+    return model
+
+
+def token_batches(count: int, seed: int = 0) -> list[dict[str, torch.Tensor]]:
+    generator = torch.Generator().manual_seed(seed)
+    batches = []
+    for _ in range(count):
+        mask = torch.ones(4, 10, dtype=torch.long)
+        mask[1, 7:] = 0
+        batches.append({"input_ids": torch.randint(0, 50, (4, 10), generator=generator), "attention_mask": mask})
+    return batches
+
+
+def test_the_nlp_backend_s_calibration_smooths_and_the_others_do_not():
+    model = bert_with_outliers()
+    data = token_batches(3)
+    assert ParamsTable["tensorrt_nlp"].smooth_linear_inputs
+    for backend, expected in (("tensorrt_nlp", True), ("tensorrt", False)):
+        qmodel = calibrate(prepare_by_platform(model, backend), data)
+        assert any(isinstance(m, ChannelScale) for m in qmodel.modules()) is expected, backend
+    qmodel = calibrate(prepare_by_platform(model, "tensorrt_nlp"), data, smooth=False)
+    assert not any(isinstance(m, ChannelScale) for m in qmodel.modules())
+
+
+@pytest.mark.parametrize("backend", ["tensorrt_nlp", "academic_nlp", "openvino"])
+def test_a_smoothed_model_deploys_and_verifies(backend, tmp_path):
+    model = bert_with_outliers()
+    data = token_batches(3)
+    config = ACADEMIC_W8A8 if backend == "academic_nlp" else None
+    qmodel = calibrate(prepare_by_platform(model, backend, config), data, smooth=True)
+    assert any(isinstance(m, ChannelScale) for m in qmodel.modules())
+    result = convert_deploy(qmodel, backend, dummy_input=(token_batches(1, seed=5)[0],), output_path=tmp_path)
+    report = verify_deploy(qmodel, result, token_batches(1, seed=7)[0])
+    assert report.max_lsb_diff <= ParamsTable[backend].lsb_tolerance, report.summary()
+
+
+def test_bad_arguments_are_refused():
+    with pytest.raises(ValueError, match="takes the model prepare_by_platform returned"):
+        smooth_quant(NormThenTwoLinears(), outlier_batches(1))
+    qmodel = prepare_by_platform(NormThenTwoLinears().eval(), "academic_nlp", ACADEMIC_W8A8)
+    with pytest.raises(ValueError, match=r"alpha must be in \[0, 1\]"):
+        smooth_quant(qmodel, outlier_batches(1), alpha=1.5)
