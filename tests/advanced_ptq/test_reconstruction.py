@@ -10,22 +10,17 @@ import pytest
 import torch
 
 from mqbench.advanced_ptq import calibrate, ptq_reconstruction
-from mqbench.app.training import train
 from mqbench.backends import ParamsTable
 from mqbench.convert_deploy import convert_deploy
-from mqbench.data import load_digits_split
 from mqbench.deploy.verify import verify_deploy
 from mqbench.fake_quantize import AdaRoundFakeQuantize, QDropFakeQuantize
-from mqbench.models import DigitsCNN
 from mqbench.prepare_by_platform import prepare_by_platform
 from mqbench.utils.state import enable_quantization
 
 
 @pytest.fixture(scope="module")
-def digits():
-    torch.manual_seed(0)
-    train_split, test_split = load_digits_split()
-    model = train(DigitsCNN(), train_split, epochs=6, lr=3e-3)
+def digits(trained_digits_cnn):
+    model, train_split, test_split = trained_digits_cnn
     calibration = [train_split.images[i : i + 64] for i in range(0, 256, 64)]
     return model, calibration, test_split
 
