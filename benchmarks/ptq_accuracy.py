@@ -114,7 +114,7 @@ def spread(values: list[float]) -> tuple[float, float]:
     return statistics.fmean(values), statistics.pstdev(values) if len(values) > 1 else 0.0
 
 
-def vision_tables(args: argparse.Namespace) -> dict[str, Any]:
+def vision_tables(args: argparse.Namespace, save: Any) -> dict[str, Any]:
     train, test = load_digits_split()
     data = {"train": digits_rgb(train.images), "test": digits_rgb(test.images), "labels": test.labels}
     models = args.models.split(",")
@@ -128,6 +128,7 @@ def vision_tables(args: argparse.Namespace) -> dict[str, Any]:
                 values = [run_vision(name, method, bits, seed, args, data) for seed in range(args.seeds)]
                 mean, std = spread(values)
                 results["cells"][f"{bits}/{method}/{name}"] = {"values": values, "mean": mean, "std": std}
+                save(results)  # every finished cell is on disk
                 took = time.perf_counter() - started
                 print(f"  {bits} {method:9s} {name:12s} {mean:6.2f} +- {std:4.2f}  ({took:.0f} s)", flush=True)
     return results
@@ -221,7 +222,7 @@ def main() -> None:
     print(describe_host())
     payload: dict[str, Any] = {"settings": vars(args)}
     if not args.skip_vision:
-        payload["vision"] = vision_tables(args)
+        payload["vision"] = vision_tables(args, lambda partial: write_json(args.output, {**payload, "vision": partial}))
         print_vision(payload["vision"], args)
     if not args.skip_minilm:
         payload["minilm"] = minilm_table(args)
