@@ -33,7 +33,9 @@ def calibrate(model: fx.GraphModule, cali_data: Any, smooth: bool | None = None)
     the model was prepared for does by default (its ``smooth_linear_inputs``: the NLP backends).
     """
     batches = calibration_batches(cali_data)
-    if smooth if smooth is not None else _backend_smooths(model):
+    if smooth is None:
+        smooth = _backend_smooths(model)
+    if smooth:
         smooth_quant(model, batches)
     enable_calibration_woquantization(model, quantizer_type="act_fake_quant")
     for batch in batches:
