@@ -73,3 +73,33 @@ def test_learnable_backward(path, axis):
     np.testing.assert_allclose(scale_t.grad.numpy(), 0.25 * (grad * local).sum(reduce_axes), rtol=1e-4, atol=1e-4)
     zero_grad = np.where(inside, 0.0, -grad * s).sum(reduce_axes)
     np.testing.assert_allclose(zero_t.grad.numpy(), 0.25 * zero_grad, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("axis", [None, 1])
+def test_learnable_with_dropped_elements(path, axis):
+    """QDrop's drop: an element with byte >= threshold is x itself, gradient 1 to x and none to scale or zero point."""
+    x = data_with_ties((3, 8, 33), 0.1, seed=4)
+    channels = 1 if axis is None else x.shape[axis]
+    scale = np.linspace(0.08, 0.12, channels).astype(np.float32)
+    zero_point = np.full(channels, 2.0, np.float32)
+    grad = np.random.default_rng(5).standard_normal(x.shape).astype(np.float32)
+    drop = np.random.default_rng(6).integers(0, 256, x.shape).astype(np.uint8)
+    threshold = 128
+    kept = drop < threshold
+    quantized, q, inside, s, z = reference(x, scale, zero_point, -8, 7, axis)
+    t = torch.from_numpy(x.copy()).requires_grad_()
+    scale_t = torch.from_numpy(scale.copy()).requires_grad_()
+    zero_t = torch.from_numpy(zero_point.copy()).requires_grad_()
+    out = learnable_fake_quantize(
+        t, scale_t, zero_t, -8, 7, axis, grad_factor=0.5, drop=torch.from_numpy(drop), threshold=threshold
+    )
+    np.testing.assert_array_equal(out.detach().numpy(), np.where(kept, quantized, x))
+    out.backward(torch.from_numpy(grad))
+    below, above = q < -8, q > 7
+    local = np.where(below, -8 - z, np.where(above, 7 - z, np.round(x / s) - x / s))
+    reduce_axes = tuple(d for d in range(x.ndim) if axis is None or d != axis)
+    np.testing.assert_array_equal(t.grad.numpy(), np.where(kept, grad * inside, grad))
+    expected_scale = 0.5 * np.where(kept, grad * local, 0.0).sum(reduce_axes)
+    np.testing.assert_allclose(scale_t.grad.numpy(), expected_scale, rtol=1e-4, atol=1e-4)
+    zero_grad = np.where(kept & ~inside, -grad * s, 0.0).sum(reduce_axes)
+    np.testing.assert_allclose(zero_t.grad.numpy(), 0.5 * zero_grad, rtol=1e-4, atol=1e-4)

@@ -173,43 +173,52 @@ class _LearnableFakeQuantize(torch.autograd.Function):
     inside ``[quant_min, quant_max]``: d/dx = 1, d/ds = round(v) - v, d/dz = 0;
     below: d/dx = 0, d/ds = quant_min - z, d/dz = -s; above: d/ds = quant_max - z, d/dz = -s.
     Scale and zero-point gradients are multiplied by ``grad_factor``.
+    With ``drop`` (one random byte per element) an element whose byte is not below
+    ``threshold`` passes through as float: output ``x``, d/dx = 1, nothing to scale or zero point.
     """
 
     @staticmethod
-    def forward(ctx, x, scale, zero_point, quant_min, quant_max, axis, grad_factor, scale_floor):  # type: ignore[override]
+    def forward(ctx, x, scale, zero_point, quant_min, quant_max, axis, grad_factor, scale_floor, drop, threshold):  # type: ignore[override]
         ctx.scale_sign = None
         if scale_floor is not None:  # use max(|scale|, floor); the gradient is that of |scale|
             ctx.scale_sign = torch.sign(scale)
             scale = scale.abs().clamp_min(scale_floor)
-        ctx.save_for_backward(x, scale, zero_point)
-        ctx.settings = (quant_min, quant_max, axis, grad_factor)
+        ctx.save_for_backward(x, scale, zero_point, drop)
+        ctx.settings = (quant_min, quant_max, axis, grad_factor, threshold)
         if kernels.usable(x):
-            return kernels.module().fake_quant_forward(x, scale, zero_point, quant_min, quant_max, axis)[0]
+            return kernels.module().learnable_forward(x, scale, zero_point, quant_min, quant_max, axis, drop, threshold)[0]
         s, z = _broadcast(scale, x, axis), _broadcast(zero_point, x, axis)
-        return torch.div(x, s).round_().add_(z).clamp_(quant_min, quant_max).sub_(z).mul_(s)
+        out = torch.div(x, s).round_().add_(z).clamp_(quant_min, quant_max).sub_(z).mul_(s)
+        return out if drop is None else torch.where(drop < threshold, out, x)
 
     @staticmethod
     def backward(ctx, grad):  # type: ignore[override]
-        x, scale, zero_point = ctx.saved_tensors
-        quant_min, quant_max, axis, grad_factor = ctx.settings
+        x, scale, zero_point, drop = ctx.saved_tensors
+        quant_min, quant_max, axis, grad_factor, threshold = ctx.settings
         if kernels.usable(x, grad):
             grad_x, grad_scale, grad_zero_point = kernels.module().learnable_backward(
-                grad, x, scale, zero_point, quant_min, quant_max, axis
+                grad, x, scale, zero_point, quant_min, quant_max, axis, drop, threshold
             )
         else:
             s, z = _broadcast(scale, x, axis), _broadcast(zero_point, x, axis)
             v = x / s
             q = torch.round(v) + z
             below, above = q < quant_min, q > quant_max
+            if drop is not None:
+                kept = drop < threshold
+                below, above = below & kept, above & kept
+                grad_kept = grad.masked_fill(~kept, 0.0)
+            else:
+                grad_kept = grad
             outside = below | above
             grad_x = grad.masked_fill(outside, 0.0)
             local = torch.where(below, quant_min - z, torch.where(above, quant_max - z, q - z - v))
-            grad_scale = (grad * local).sum_to_size(s.shape).reshape(scale.shape)
+            grad_scale = (grad_kept * local).sum_to_size(s.shape).reshape(scale.shape)
             grad_zero_point = (grad.masked_fill(~outside, 0.0) * -s).sum_to_size(s.shape).reshape(scale.shape)
         grad_scale = grad_scale * grad_factor
         if ctx.scale_sign is not None:
             grad_scale = grad_scale * ctx.scale_sign
-        return grad_x, grad_scale, grad_zero_point * grad_factor, None, None, None, None, None
+        return grad_x, grad_scale, grad_zero_point * grad_factor, None, None, None, None, None, None, None
 
 
 def learnable_fake_quantize(
@@ -221,18 +230,24 @@ def learnable_fake_quantize(
     ch_axis: int | None = None,
     grad_factor: float = 1.0,
     scale_floor: float | None = None,
+    drop: Tensor | None = None,
+    threshold: int = 256,
 ) -> Tensor:
     """Fake quantization whose scale (and float zero point) receive the LSQ gradients.
 
     The zero point is rounded with a straight-through estimator, so a learnable
     float zero point always acts as an integer one. With ``scale_floor`` the scale used is
     ``max(|scale|, scale_floor)`` and its gradient that of ``|scale|`` (a learned scale that
-    crosses zero or reaches the floor keeps a gradient).
+    crosses zero or reaches the floor keeps a gradient). With ``drop``, a uint8 tensor shaped
+    like ``x``, only the elements whose byte is below ``threshold`` are quantized; the others
+    pass through as float with gradient 1 (QDrop), in the same single pass.
     """
     axis = _axis(x, scale, ch_axis)
     zero_point = zero_point.to(x.dtype)
     zero_point = round_ste(zero_point) if zero_point.requires_grad else torch.round(zero_point)
-    return _LearnableFakeQuantize.apply(x, scale, zero_point, quant_min, quant_max, axis, grad_factor, scale_floor)
+    return _LearnableFakeQuantize.apply(
+        x, scale, zero_point, quant_min, quant_max, axis, grad_factor, scale_floor, drop, threshold
+    )
 
 
 def round_ste(x: Tensor) -> Tensor:

@@ -96,6 +96,9 @@ class LearnableFakeQuantize(QuantizeBase):
         return _clamp_straight_through(self.zero_point, self.quant_min, self.quant_max)
 
     def quantize(self, x: Tensor) -> Tensor:
+        return self._learnable_quantize(x)
+
+    def _learnable_quantize(self, x: Tensor, drop: Tensor | None = None, threshold: int = 256) -> Tensor:
         return learnable_fake_quantize(
             x,
             self.scale,
@@ -105,6 +108,8 @@ class LearnableFakeQuantize(QuantizeBase):
             self.axis,
             self.grad_factor(x),
             scale_floor=EPS,
+            drop=drop,
+            threshold=threshold,
         )
 
     def export_qparams(self) -> tuple[Tensor, Tensor]:

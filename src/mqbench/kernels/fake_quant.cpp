@@ -9,6 +9,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <vector>
 
 namespace {
@@ -71,17 +73,106 @@ std::vector<torch::Tensor> fake_quant_forward(torch::Tensor x, torch::Tensor sca
   return {out, mask};
 }
 
+// One run of the learned-scale forward (elements b..e of one channel); with Drop, element i is
+// quantized only when r[i] < limit and is x[i] otherwise.
+template <bool Drop>
+inline void learnable_forward_run(const float* xs, const uint8_t* rs, float* ys, int64_t b, int64_t e, float s,
+                                  float z, float low, float high, float limit) {
+#pragma omp simd
+  for (int64_t i = b; i < e; ++i) {
+    const float v = xs[i];
+    const float q = std::nearbyint(v / s) + z;
+    const float y = (std::min(std::max(q, low), high) - z) * s;
+    if (!Drop) {
+      ys[i] = y;
+    } else {  // a bitwise blend: a conditional here would keep the loop from vectorizing
+      uint32_t y_bits, v_bits;
+      std::memcpy(&y_bits, &y, sizeof(float));
+      std::memcpy(&v_bits, &v, sizeof(float));
+      const uint32_t keep = 0u - static_cast<uint32_t>(static_cast<float>(rs[i]) < limit);
+      const uint32_t out_bits = (y_bits & keep) | (v_bits & ~keep);
+      std::memcpy(&ys[i], &out_bits, sizeof(float));
+    }
+  }
+}
+
+// Learned-scale forward with QDrop's random dropping: element i is quantized when
+// drop[i] < threshold (drop holds one random byte per element) and passed through as float
+// otherwise. Without drop every element is quantized.
+std::vector<torch::Tensor> learnable_forward(torch::Tensor x, torch::Tensor scale, torch::Tensor zero_point,
+                                             int64_t quant_min, int64_t quant_max, int64_t axis,
+                                             c10::optional<torch::Tensor> drop, int64_t threshold) {
+  x = x.contiguous();
+  auto scale_f = scale.to(torch::kFloat).contiguous();
+  auto zero_f = zero_point.to(torch::kFloat).contiguous();
+  auto out = torch::empty_like(x);
+  const Layout layout = layout_of(x, axis, scale_f.numel());
+  const bool dropping = drop.has_value();
+  torch::Tensor bytes = dropping ? drop->contiguous() : torch::Tensor();
+  TORCH_CHECK(!dropping || (bytes.scalar_type() == torch::kUInt8 && bytes.numel() == x.numel()),
+              "drop must hold one uint8 per element of x");
+  const uint8_t* rs = dropping ? bytes.data_ptr<uint8_t>() : nullptr;
+  const float* xs = x.data_ptr<float>();
+  const float* ss = scale_f.data_ptr<float>();
+  const float* zs = zero_f.data_ptr<float>();
+  float* ys = out.data_ptr<float>();
+  const float lo = static_cast<float>(quant_min), hi = static_cast<float>(quant_max);
+  const float limit = static_cast<float>(threshold);
+  at::parallel_for(0, x.numel(), kGrain, [&](int64_t begin, int64_t end) {
+    for_each_run(begin, end, layout, [&](int64_t b, int64_t e, int64_t c) {
+      if (rs == nullptr) {
+        learnable_forward_run<false>(xs, rs, ys, b, e, ss[c], zs[c], lo, hi, limit);
+      } else {
+        learnable_forward_run<true>(xs, rs, ys, b, e, ss[c], zs[c], lo, hi, limit);
+      }
+    });
+  });
+  return {out};
+}
+
+// One run of the LSQ / LSQ+ backward (elements b..e of one channel); with Drop, element i counts
+// as quantized only when r[i] < limit. Adds to the run's scale and zero-point sums.
+template <bool Drop>
+inline void learnable_backward_run(const float* xs, const float* gs, const uint8_t* rs, float* dx, int64_t b,
+                                   int64_t e, float s, float z, float low, float high, float limit, double& sum_scale,
+                                   double& sum_zero) {
+  double run_scale = 0.0, run_zero = 0.0;  // double: these sums cancel, and a run can be long
+#pragma omp simd reduction(+ : run_scale, run_zero)
+  for (int64_t i = b; i < e; ++i) {
+    const float v = xs[i] / s;
+    const float r = std::nearbyint(v);
+    const float q = r + z;
+    const float g = gs[i];
+    const float kept = Drop ? (static_cast<float>(rs[i]) < limit ? 1.f : 0.f) : 1.f;
+    const float below = q < low ? kept : 0.f, above = q > high ? kept : 0.f;
+    const float outside = below + above;
+    dx[i] = g - g * outside;
+    const float local = below * (low - z) + above * (high - z) + (kept - outside) * (r - v);
+    run_scale += static_cast<double>(g * local);
+    run_zero -= static_cast<double>(g * s * outside);
+  }
+  sum_scale += run_scale;
+  sum_zero += run_zero;
+}
+
 // LSQ / LSQ+ backward. Returns grad_x and the per-channel sums of
 // grad * d(y)/d(scale) and grad * d(y)/d(zero_point) (before any gradient scaling).
+// With drop (see learnable_forward) a dropped element passes its gradient to x unchanged and
+// gives none to scale or zero point.
 std::vector<torch::Tensor> learnable_backward(torch::Tensor grad, torch::Tensor x, torch::Tensor scale,
                                               torch::Tensor zero_point, int64_t quant_min, int64_t quant_max,
-                                              int64_t axis) {
+                                              int64_t axis, c10::optional<torch::Tensor> drop, int64_t threshold) {
   grad = grad.contiguous();
   x = x.contiguous();
   auto scale_f = scale.to(torch::kFloat).contiguous();
   auto zero_f = zero_point.to(torch::kFloat).contiguous();
   const Layout layout = layout_of(x, axis, scale_f.numel());
   const int64_t numel = x.numel();
+  const bool dropping = drop.has_value();
+  torch::Tensor bytes = dropping ? drop->contiguous() : torch::Tensor();
+  TORCH_CHECK(!dropping || (bytes.scalar_type() == torch::kUInt8 && bytes.numel() == numel),
+              "drop must hold one uint8 per element of x");
+  const uint8_t* rs = dropping ? bytes.data_ptr<uint8_t>() : nullptr;
   auto grad_x = torch::empty_like(x);
   const int64_t chunks = std::max<int64_t>(1, (numel + kGrain - 1) / kGrain);
   auto partial_scale = torch::zeros({chunks, layout.channels}, x.options().dtype(torch::kDouble));
@@ -94,26 +185,16 @@ std::vector<torch::Tensor> learnable_backward(torch::Tensor grad, torch::Tensor 
   double* ps = partial_scale.data_ptr<double>();
   double* pz = partial_zero.data_ptr<double>();
   const float lo = static_cast<float>(quant_min), hi = static_cast<float>(quant_max);
+  const float limit = static_cast<float>(threshold);
   at::parallel_for(0, chunks, 1, [&](int64_t chunk_begin, int64_t chunk_end) {
     for (int64_t chunk = chunk_begin; chunk < chunk_end; ++chunk) {
       const int64_t begin = chunk * kGrain, end = std::min(numel, begin + kGrain);
       for_each_run(begin, end, layout, [&](int64_t b, int64_t e, int64_t c) {
-        const float s = ss[c], z = zs[c], low = lo, high = hi;
-        const float* x_run = xs;
-        const float* g_run = gs;
-        float* dx_run = dx;
-        float sum_scale = 0.f, sum_zero = 0.f;
-#pragma omp simd reduction(+ : sum_scale, sum_zero)
-        for (int64_t i = b; i < e; ++i) {
-          const float v = x_run[i] / s;
-          const float r = std::nearbyint(v);
-          const float q = r + z;
-          const bool below = q < low, above = q > high;
-          const float g = g_run[i];
-          dx_run[i] = (below | above) ? 0.f : g;
-          const float local = below ? (low - z) : (above ? (high - z) : (r - v));
-          sum_scale += g * local;
-          sum_zero += (below | above) ? -g * s : 0.f;
+        double sum_scale = 0.0, sum_zero = 0.0;
+        if (rs == nullptr) {
+          learnable_backward_run<false>(xs, gs, rs, dx, b, e, ss[c], zs[c], lo, hi, limit, sum_scale, sum_zero);
+        } else {
+          learnable_backward_run<true>(xs, gs, rs, dx, b, e, ss[c], zs[c], lo, hi, limit, sum_scale, sum_zero);
         }
         ps[chunk * layout.channels + c] += sum_scale;
         pz[chunk * layout.channels + c] += sum_zero;
@@ -248,6 +329,7 @@ std::vector<torch::Tensor> pact_backward(torch::Tensor grad, torch::Tensor x, do
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("fake_quant_forward", &fake_quant_forward, "fused fake quantization forward (output, in-range mask)");
+  m.def("learnable_forward", &learnable_forward, "learned-scale forward, optionally dropping (output)");
   m.def("learnable_backward", &learnable_backward, "LSQ backward (grad_x, grad_scale sums, grad_zero_point sums)");
   m.def("pact_backward", &pact_backward, "PACT backward (grad_x, grad_alpha sum)");
   m.def("dsq_backward", &dsq_backward, "DSQ soft-staircase backward (grad_x, grad_alpha sum)");
