@@ -19,9 +19,11 @@ import contextlib
 import copy
 import gc
 import types
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
+import torch.nn.functional as F
 from torch import fx, nn
 from torch.fx.graph_module import _USER_PRESERVED_ATTRIBUTES_KEY
 
@@ -68,6 +70,21 @@ def _preserve_attributes(model: nn.Module, prepared: fx.GraphModule, preserve: d
             if isinstance(value, types.MethodType) and value.__self__ is source:
                 value = types.MethodType(value.__func__, target)  # rebind methods to the prepared model
             setattr(target, name, value)
+
+
+def _warn_fused_attention(prepared: fx.GraphModule, backend: str, quantizes_matmul: bool) -> None:
+    """Say so when attention runs as one fused call that a matmul-quantizing backend leaves float."""
+    fused = [
+        n.name for n in prepared.graph.nodes if n.op == "call_function" and n.target is F.scaled_dot_product_attention
+    ]
+    if fused and quantizes_matmul:
+        warnings.warn(
+            f"backend {backend!r} quantizes the inputs of attention's matmuls, but this model computes attention "
+            f"with scaled_dot_product_attention ({len(fused)} call(s): {', '.join(fused[:3])}"
+            f"{' ...' if len(fused) > 3 else ''}), which stays float; load a Hugging Face model with "
+            'attn_implementation="eager" to quantize the attention products',
+            stacklevel=3,
+        )
 
 
 @contextlib.contextmanager
@@ -136,6 +153,7 @@ def prepare_by_platform(
     with _garbage_collection_paused():  # graph passes allocate many small objects; collect once afterwards
         graph_module = trace(model, config.get("concrete_args"), leaf_modules, custom_tracer)
         prepared = quantizer.prepare(graph_module, qconfig, bool(is_qat))
+    _warn_fused_attention(prepared, spec.name, "matmul" in spec.placement.inputs_of)
     if freeze_bn:
         prepared.apply(freeze_bn_stats)
     _preserve_attributes(source, prepared, config.get("preserve_attr", {}))

@@ -68,3 +68,26 @@ def test_extra_fuse_dict_adds_a_pattern_and_its_qat_module():
     disable_all(prepared)
     x = torch.randn(3, 6)
     torch.testing.assert_close(prepared(x), model(x))
+
+
+class _FusedAttention(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.qkv = nn.Linear(8, 24)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v)
+
+
+def test_fused_attention_on_a_matmul_quantizing_backend_is_named_in_a_warning():
+    import warnings
+
+    import pytest
+
+    model = _FusedAttention().eval()
+    with pytest.warns(UserWarning, match=r"scaled_dot_product_attention \(1 call\(s\).*attn_implementation=\"eager\""):
+        prepare_by_platform(model, "tensorrt_nlp")
+    with warnings.catch_warnings():  # TensorRT's CNN placement quantizes no matmul input: nothing to say
+        warnings.simplefilter("error")
+        prepare_by_platform(model, "tensorrt")
