@@ -186,7 +186,8 @@ class _LearnableFakeQuantize(torch.autograd.Function):
         ctx.save_for_backward(x, scale, zero_point, drop)
         ctx.settings = (quant_min, quant_max, axis, grad_factor, threshold)
         if kernels.usable(x):
-            return kernels.module().learnable_forward(x, scale, zero_point, quant_min, quant_max, axis, drop, threshold)[0]
+            fused = kernels.module().learnable_forward
+            return fused(x, scale, zero_point, quant_min, quant_max, axis, drop, threshold)[0]
         s, z = _broadcast(scale, x, axis), _broadcast(zero_point, x, axis)
         out = torch.div(x, s).round_().add_(z).clamp_(quant_min, quant_max).sub_(z).mul_(s)
         return out if drop is None else torch.where(drop < threshold, out, x)

@@ -3,13 +3,14 @@ backend's default recipe, and deployment of a smoothed model."""
 
 from __future__ import annotations
 
+import io
 import operator
 
 import pytest
 import torch
 from torch import nn
 
-from mqbench.advanced_ptq import ChannelScale, calibrate, smooth_quant
+from mqbench.advanced_ptq import ChannelScale, calibrate, restore_smoothing, smooth_quant
 from mqbench.backends import ParamsTable
 from mqbench.convert_deploy import convert_deploy
 from mqbench.deploy.verify import verify_deploy
@@ -140,3 +141,32 @@ def test_bad_arguments_are_refused():
     qmodel = prepare_by_platform(NormThenTwoLinears().eval(), "academic_nlp", ACADEMIC_W8A8)
     with pytest.raises(ValueError, match=r"alpha must be in \[0, 1\]"):
         smooth_quant(qmodel, outlier_batches(1), alpha=1.5)
+
+
+def test_a_saved_smoothed_model_reloads_into_a_fresh_prepared_one_bit_for_bit():
+    model = bert_with_outliers()
+    data = token_batches(3)
+    qmodel = calibrate(prepare_by_platform(model, "tensorrt_nlp"), data)
+    buffer = io.BytesIO()
+    torch.save(qmodel.state_dict(), buffer)
+    buffer.seek(0)
+    saved = torch.load(buffer, weights_only=True)
+    fresh = prepare_by_platform(model, "tensorrt_nlp")
+    with pytest.raises(RuntimeError, match=r"_smoothing\.scale"):  # without the scale nodes it cannot load
+        fresh.load_state_dict(saved)
+    fresh = prepare_by_platform(model, "tensorrt_nlp")
+    added = restore_smoothing(fresh, saved)
+    assert added and added == sorted(n for n, m in qmodel.named_modules() if isinstance(m, ChannelScale))
+    fresh.load_state_dict(saved)
+    for module in (qmodel, fresh):
+        module.eval()
+    batch = token_batches(1, seed=9)[0]
+    with torch.no_grad():
+        assert torch.equal(fresh(**batch), qmodel(**batch))
+    assert restore_smoothing(prepare_by_platform(model, "tensorrt_nlp"), {"other.weight": torch.ones(1)}) == []
+
+
+def test_restoring_smoothing_for_a_quantizer_the_model_lacks_is_refused():
+    qmodel = prepare_by_platform(NormThenTwoLinears().eval(), "academic_nlp", ACADEMIC_W8A8)
+    with pytest.raises(ValueError, match="activation quantizer 'no_such_quantizer', which this model does not have"):
+        restore_smoothing(qmodel, {"no_such_quantizer_smoothing.scale": torch.ones(16)})

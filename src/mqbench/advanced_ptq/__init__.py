@@ -14,7 +14,7 @@ from mqbench.advanced_ptq.reconstruction import (
     ReconstructionConfig,
     ptq_reconstruction,
 )
-from mqbench.advanced_ptq.smoothing import ALPHAS, ChannelScale, smooth_quant
+from mqbench.advanced_ptq.smoothing import ALPHAS, ChannelScale, restore_smoothing, smooth_quant
 from mqbench.advanced_ptq.units import Unit, cut_points, find_units
 
 __all__ = [
@@ -30,5 +30,6 @@ __all__ = [
     "cut_points",
     "find_units",
     "ptq_reconstruction",
+    "restore_smoothing",
     "smooth_quant",
 ]

@@ -39,7 +39,7 @@ Example:
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -50,7 +50,9 @@ from mqbench.advanced_ptq.reconstruction import calibration_batches, call_with
 from mqbench.fake_quantize.quantize_base import QuantizeBase
 from mqbench.utils.logger import logger
 
-__all__ = ["ALPHAS", "ChannelScale", "smooth_quant"]
+__all__ = ["ALPHAS", "ChannelScale", "restore_smoothing", "smooth_quant"]
+
+_SUFFIX = "_smoothing"  # a ChannelScale module is named after the quantizer it feeds
 
 ALPHAS = (0.5, 0.6, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95, 1.0)
 """The migration strengths ``smooth_quant(alpha=None)`` chooses from (besides no migration). ``1.0``
@@ -217,15 +219,65 @@ def smooth_quant(
         scale = _migration(a, w, best)
         for layer in layers:
             layer.weight.mul_(scale.to(layer.weight.dtype))
-        name = _free_name(model, f"{node.target}_smoothing")
-        model.add_module(name, ChannelScale((1.0 / scale).to(a.dtype)))
-        with model.graph.inserting_before(node):
-            smoothed = model.graph.call_module(name, (node.args[0],))
-        node.args = (smoothed, *node.args[1:])
+        _insert_channel_scale(model, node, _free_name(model, f"{node.target}{_SUFFIX}"), (1.0 / scale).to(a.dtype))
         chosen[str(node.target)] = best
     model.recompile()
     logger.info("smooth_quant: %d of %d linear input(s) smoothed", len(chosen), len(groups))
     return chosen
+
+
+def _insert_channel_scale(model: fx.GraphModule, quantizer: fx.Node, name: str, scale: Tensor) -> None:
+    """A ChannelScale module ``name`` multiplying by ``scale``, on the quantizer's input edge only."""
+    model.add_module(name, ChannelScale(scale))
+    with model.graph.inserting_before(quantizer):
+        scaled = model.graph.call_module(name, (quantizer.args[0],))
+    quantizer.args = (scaled, *quantizer.args[1:])
+
+
+def restore_smoothing(model: fx.GraphModule, state_dict: Mapping[str, Any]) -> list[str]:
+    """Put back the :class:`ChannelScale` nodes a saved smoothed model had, so that it loads its state dict.
+
+    A model that :func:`smooth_quant` changed has, in its state dict, the migrated weights and one
+    ``<quantizer>_smoothing.scale`` entry per smoothed input; a freshly prepared model has neither.
+    This adds each missing scale node before its quantizer (with the saved values); then
+    ``model.load_state_dict(state_dict)`` loads the weights and qparams as usual. Returns the names
+    of the nodes added. A state dict without smoothing entries changes nothing.
+
+    Example:
+        >>> import torch
+        >>> from torch import nn
+        >>> from mqbench.prepare_by_platform import prepare_by_platform
+        >>> from mqbench.advanced_ptq import calibrate, restore_smoothing
+        >>> model = nn.Sequential(nn.Linear(8, 8), nn.LayerNorm(8), nn.Linear(8, 2)).eval()
+        >>> data = [torch.randn(4, 8) * torch.linspace(0.1, 20, 8) for _ in range(2)]
+        >>> saved = calibrate(prepare_by_platform(model, "tensorrt_nlp"), data).state_dict()
+        >>> fresh = prepare_by_platform(model, "tensorrt_nlp")
+        >>> restore_smoothing(fresh, saved)
+        ['_1_post_act_fake_quantizer_smoothing', 'input_1_post_act_fake_quantizer_smoothing']
+        >>> fresh.load_state_dict(saved)
+        <All keys matched successfully>
+    """
+    if not isinstance(model, fx.GraphModule):
+        raise ValueError(f"restore_smoothing takes the model prepare_by_platform returned, got {type(model).__name__}")
+    nodes = {str(n.target): n for n in model.graph.nodes if n.op == "call_module"}
+    modules = dict(model.named_modules())
+    added = []
+    for key, value in state_dict.items():
+        name, _, leaf = key.rpartition(".")
+        if leaf != "scale" or _SUFFIX not in name or "." in name or name in modules:
+            continue
+        target = name[: name.rindex(_SUFFIX)]
+        quantizer = nodes.get(target)
+        if quantizer is None or not isinstance(modules.get(target), QuantizeBase):
+            raise ValueError(
+                f"state dict entry {key!r} smooths the input of activation quantizer {target!r}, which this model "
+                "does not have: prepare the model with the same backend and configuration as the one saved"
+            )
+        _insert_channel_scale(model, quantizer, name, torch.as_tensor(value).detach().clone())
+        added.append(name)
+    if added:
+        model.recompile()
+    return sorted(added)
 
 
 def _quantizers(model: nn.Module) -> list[tuple[str, QuantizeBase]]:

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from mqbench.advanced_ptq import restore_smoothing
 from mqbench.app.training import academic_config, train
 from mqbench.backends import ParamsTable, resolve_backend
 from mqbench.convert_deploy import DeployResult, convert_deploy
@@ -182,7 +183,9 @@ def _verify_command(
             config = reduce_range_config(spec, config)
         qmodel = prepare_by_platform(model, spec, config)
         if state_dict is not None:
-            qmodel.load_state_dict(torch.load(state_dict, weights_only=True))
+            saved = torch.load(state_dict, weights_only=True)
+            restore_smoothing(qmodel, saved)  # a smoothed model's scale nodes, if it had any
+            qmodel.load_state_dict(saved)
             enable_quantization(qmodel)
         else:
             enable_calibration(qmodel)
