@@ -122,7 +122,7 @@ def vision_tables(args: argparse.Namespace, save: Any) -> dict[str, Any]:
     for name in models:
         results["float"][name] = accuracy(zoo_model(name).model, data["test"], data["labels"])
     for bits in args.bits.split(","):
-        for method in METHODS:
+        for method in args.methods.split(","):
             for name in models:
                 started = time.perf_counter()
                 values = [run_vision(name, method, bits, seed, args, data) for seed in range(args.seeds)]
@@ -141,7 +141,7 @@ def print_vision(results: dict[str, Any], args: argparse.Namespace) -> None:
     print(f"\n| Method | {header} |\n|---|" + "---|" * len(models))
     print(f"| Float | {floats} |")
     for bits in args.bits.split(","):
-        for method in METHODS:
+        for method in args.methods.split(","):
             cells = [results["cells"].get(f"{bits}/{method}/{m}") for m in models]
             text = " | ".join(f"{c['mean']:.2f} ± {c['std']:.2f}" if c else "-" for c in cells)
             print(f"| {bits} {method} | {text} |")
@@ -208,6 +208,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="resnet18,mobilenet_v2,vit")
     parser.add_argument("--bits", default=",".join(BITS))
+    parser.add_argument("--methods", default=",".join(METHODS), help=f"any of {', '.join(METHODS)}")
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--iters", type=int, default=300, help="reconstruction iterations per unit")
     parser.add_argument("--calibration", type=int, default=64)
@@ -217,6 +218,9 @@ def main() -> None:
     parser.add_argument("--skip-minilm", action="store_true")
     parser.add_argument("--output", default="ptq_accuracy", help="name of the JSON file in benchmarks/results")
     args = parser.parse_args()
+    unknown = sorted(set(args.methods.split(",")) - set(METHODS))
+    if unknown:
+        parser.error(f"unknown method(s) {', '.join(unknown)}; choose from {', '.join(METHODS)}")
     torch.set_num_threads(2)
     warnings.filterwarnings("ignore")
     print(describe_host())

@@ -55,6 +55,20 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="prepare with 7-bit weights (reduce_range), which CPU int8 kernels without VNNI run exactly",
     )
+    ptq = commands.add_parser(
+        "ptq",
+        help="post-training quantization of a configured model and data, deployed and verified, in one run folder",
+        description=(
+            "Run a YAML configuration (MQBench's application layout: model, data, quantize, extra_prepare_dict, "
+            "process): prepare the model for the backend, calibrate (naive_ptq) or calibrate and reconstruct "
+            "(advanced_ptq), deploy every artifact, verify it on a runtime and measure float, simulated and "
+            "deployed accuracy. The output folder gets config.yaml, quantized_state_dict.pt, deploy/, verify.txt, "
+            "results.json and report.md. Exits with 1 if verification fails."
+        ),
+    )
+    ptq.add_argument("--config", required=True, help="the YAML configuration (see examples/)")
+    ptq.add_argument("--output", required=True, help="the run folder (created; files in it are replaced)")
+    ptq.add_argument("--quiet", action="store_true", help="no progress bars or log lines, only the summary")
     return parser
 
 
@@ -107,6 +121,21 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
         except (ValueError, FileNotFoundError) as error:
             parser.error(str(error))
+    if args.command == "ptq":
+        # imported when the command runs: `mqbench --help` answers without loading torch
+        from mqbench.app.config import ConfigError
+        from mqbench.app.ptq import describe_results, run_ptq
+        from mqbench.utils.logger import logger
+
+        if args.quiet:
+            logger.setLevel("WARNING")
+        try:
+            results = run_ptq(args.config, args.output, quiet=args.quiet)
+        except ConfigError as error:
+            parser.error(str(error))
+        print(describe_results(results))
+        print(f"run folder: {args.output} (report.md, results.json, deploy/)")
+        return 0 if results["verify"]["passed"] else 1
     parser.print_help()
     return 0
 

@@ -1,0 +1,208 @@
+"""Run configurations: MQBench's application YAML layout, read and checked key by key.
+
+The layout is the one MQBench's ImageNet example uses (``model``, ``data``, ``quantize``,
+``extra_prepare_dict``, ``process``), so its configs load unchanged; mqbench adds a few keys (marked
+below). Every key is checked: an unknown key or a wrong value is an error naming the file, the key
+and the valid choices. Missing sections and keys take the defaults below.
+
+.. code-block:: yaml
+
+    model:
+      type: resnet18            # a zoo name, an import path "package.module:factory", or a torchvision/timm name
+      kwargs: {}                # passed to the factory
+      path: null                # a checkpoint (state dict), read with torch.load(weights_only=True)
+    data:
+      path: null                # null: the bundled digits; a folder with train/ and val/; or a .npz file
+      batch_size: 32
+      num_workers: 0
+      pin_memory: false
+      input_size: 32            # images are resized to input_size (after test_resize for folders)
+      test_resize: 32
+      mean: [0.485, 0.456, 0.406]   # mqbench: normalisation of folder images
+      std: [0.229, 0.224, 0.225]
+      max_eval: null            # mqbench: evaluate on at most this many validation samples
+    quantize:
+      quantize_type: naive_ptq  # naive_ptq or advanced_ptq
+      cali_batchsize: 4         # calibration batches (of data.batch_size)
+      backend: Academic
+      reconstruction: {...}     # advanced_ptq: ptq_reconstruction's config
+      deploy: {model_name: model, output_path: null, deploy_to_qlinear: false}
+      verify_samples: 32        # mqbench: validation samples verify_deploy compares on
+    extra_prepare_dict: {...}   # prepare_by_platform's prepare_custom_config_dict
+    process:
+      seed: 0
+
+Example:
+    >>> cfg = parse_config({"quantize": {"backend": "tensorrt"}}, "run.yaml")
+    >>> cfg["quantize"]["quantize_type"], cfg["data"]["batch_size"]
+    ('naive_ptq', 32)
+    >>> try:
+    ...     parse_config({"quantize": {"quantize_typ": "naive_ptq"}}, "run.yaml")
+    ... except ConfigError as error:
+    ...     print(str(error)[:60])
+    run.yaml: unknown key 'quantize.quantize_typ'; valid keys: b
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+__all__ = ["DEFAULTS", "QUANTIZE_TYPES", "ConfigError", "load_config", "parse_config"]
+
+QUANTIZE_TYPES = ("naive_ptq", "advanced_ptq")
+
+DEFAULTS: dict[str, Any] = {
+    "model": {"type": "resnet18", "kwargs": {}, "path": None},
+    "data": {
+        "path": None,
+        "batch_size": 32,
+        "num_workers": 0,
+        "pin_memory": False,
+        "input_size": 32,
+        "test_resize": 32,
+        "mean": [0.485, 0.456, 0.406],
+        "std": [0.229, 0.224, 0.225],
+        "max_eval": None,
+    },
+    "quantize": {
+        "quantize_type": "naive_ptq",
+        "cali_batchsize": 4,
+        "backend": "Academic",
+        "reconstruction": None,
+        "deploy": {"model_name": "model", "output_path": None, "deploy_to_qlinear": False},
+        "verify_samples": 32,
+    },
+    "extra_prepare_dict": {},
+    "process": {"seed": 0},
+}
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot run: the message names the file, the key and what is valid."""
+
+
+def _positive_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def _optional_positive_int(value: Any) -> bool:
+    return value is None or _positive_int(value)
+
+
+def _optional_str(value: Any) -> bool:
+    return value is None or isinstance(value, str)
+
+
+def _mapping(value: Any) -> bool:
+    return isinstance(value, Mapping)
+
+
+def _three_floats(value: Any) -> bool:
+    return (
+        isinstance(value, list | tuple)
+        and len(value) in (1, 3)
+        and all(isinstance(v, int | float) and not isinstance(v, bool) for v in value)
+    )
+
+
+# key -> (check, what a valid value is)
+_CHECKS: dict[str, dict[str, tuple[Callable[[Any], bool], str]]] = {
+    "model": {
+        "type": (lambda v: isinstance(v, str) and bool(v), "a model name or an import path package.module:factory"),
+        "kwargs": (lambda v: v is None or _mapping(v), "a mapping of keyword arguments"),
+        "path": (_optional_str, "a checkpoint file path or null"),
+    },
+    "data": {
+        "path": (_optional_str, "an image folder, a .npz file or null (the bundled digits)"),
+        "batch_size": (_positive_int, "a positive integer"),
+        "num_workers": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0, "an integer >= 0"),
+        "pin_memory": (lambda v: isinstance(v, bool), "true or false"),
+        "input_size": (_positive_int, "a positive integer (pixels)"),
+        "test_resize": (_positive_int, "a positive integer (pixels)"),
+        "mean": (_three_floats, "a list of 1 or 3 numbers"),
+        "std": (_three_floats, "a list of 1 or 3 numbers"),
+        "max_eval": (_optional_positive_int, "a positive integer or null"),
+    },
+    "quantize": {
+        "quantize_type": (lambda v: v in QUANTIZE_TYPES, " or ".join(QUANTIZE_TYPES)),
+        "cali_batchsize": (_positive_int, "a positive integer (number of calibration batches)"),
+        "backend": (lambda v: isinstance(v, str) and bool(v), "a backend name (mqbench backends lists them)"),
+        "reconstruction": (lambda v: v is None or _mapping(v), "a mapping (ptq_reconstruction's config)"),
+        "deploy": (_mapping, "a mapping with model_name, output_path, deploy_to_qlinear"),
+        "verify_samples": (_positive_int, "a positive integer"),
+    },
+    "deploy": {
+        "model_name": (lambda v: isinstance(v, str) and bool(v), "a file name"),
+        "output_path": (_optional_str, "a folder or null (the run folder)"),
+        "deploy_to_qlinear": (lambda v: isinstance(v, bool), "true or false"),
+    },
+    "process": {"seed": (lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer")},
+}
+
+
+def _merge(defaults: Mapping[str, Any], given: Mapping[str, Any]) -> dict[str, Any]:
+    merged = copy.deepcopy(dict(defaults))
+    for key, value in given.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
+            merged[key] = _merge(merged[key], value)
+        else:
+            merged[key] = copy.deepcopy(value)
+    return merged
+
+
+def _check_section(name: str, given: Any, source: str, prefix: str) -> None:
+    checks = _CHECKS[name]
+    if not isinstance(given, Mapping):
+        raise ConfigError(f"{source}: {prefix.rstrip('.')!r} must be a mapping of keys, got {type(given).__name__}")
+    for key, value in given.items():
+        if key not in checks:
+            raise ConfigError(f"{source}: unknown key '{prefix}{key}'; valid keys: {', '.join(sorted(checks))}")
+        check, valid = checks[key]
+        if key == "deploy" and name == "quantize":
+            if not _mapping(value):
+                raise ConfigError(f"{source}: '{prefix}{key}' must be {valid}, got {value!r}")
+            _check_section("deploy", value, source, f"{prefix}{key}.")
+        elif not check(value):
+            raise ConfigError(f"{source}: '{prefix}{key}' must be {valid}, got {value!r}")
+
+
+def parse_config(raw: Any, source: str = "<config>") -> dict[str, Any]:
+    """Check a configuration (the parsed YAML) and fill in the defaults; ``source`` names it in errors."""
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"{source}: a configuration is a mapping of sections, got {type(raw).__name__}")
+    for section, value in raw.items():
+        if section not in DEFAULTS:
+            raise ConfigError(f"{source}: unknown section {section!r}; valid sections: {', '.join(sorted(DEFAULTS))}")
+        if section == "extra_prepare_dict":
+            if value is not None and not isinstance(value, Mapping):
+                raise ConfigError(f"{source}: 'extra_prepare_dict' must be a mapping, got {type(value).__name__}")
+            continue  # prepare_by_platform checks its own keys, naming them
+        _check_section(section, value if value is not None else {}, source, f"{section}.")
+    config = _merge(DEFAULTS, {k: v for k, v in raw.items() if v is not None})
+    if config["quantize"]["quantize_type"] == "advanced_ptq" and not config["quantize"]["reconstruction"]:
+        raise ConfigError(
+            f"{source}: quantize.quantize_type is advanced_ptq but quantize.reconstruction is empty; give "
+            "ptq_reconstruction's config (pattern, max_count, ...) or use naive_ptq"
+        )
+    return config
+
+
+def load_config(path: str | Path) -> dict[str, Any]:
+    """Read and check a YAML configuration file (see the module docstring for the layout)."""
+    try:
+        import yaml
+    except ImportError as error:  # pragma: no cover - a declared dependency
+        raise ImportError("reading YAML configurations needs PyYAML: pip install pyyaml") from error
+    file = Path(path)
+    if not file.is_file():
+        raise ConfigError(f"{file}: no such configuration file")
+    try:
+        raw = yaml.safe_load(file.read_text())
+    except yaml.YAMLError as error:
+        raise ConfigError(f"{file}: not valid YAML: {error}") from error
+    return parse_config(raw, str(file))

@@ -1,0 +1,252 @@
+"""The model and the data a run configuration names.
+
+Models (``model.type``):
+
+* a zoo name (``resnet18``, ``mobilenet_v2``, ``vit``, ...): the architecture of
+  :mod:`mqbench.models.zoo`, trained on the bundled digits (cached), or with ``model.path`` the
+  given checkpoint loaded into it;
+* ``package.module:factory``: ``factory(**model.kwargs)`` from an importable module (the working
+  directory is importable, as is ``PYTHONPATH``);
+* a torchvision or timm model name, when that package is installed.
+
+``model.path`` is a checkpoint read with ``torch.load(weights_only=True)``: a state dict, or a dict
+holding one under ``state_dict`` or ``model`` (training scripts' layouts); a ``module.`` prefix
+(saved from DistributedDataParallel) is removed.
+
+Data (``data.path``):
+
+* nothing: the bundled digits (scikit-learn), as 3-channel ``input_size`` images;
+* a folder with ``train/`` and ``val/``, one subfolder of images per class in each (ImageNet's
+  layout), read with pillow: RGB, resized to ``test_resize`` then centre-cropped to ``input_size``,
+  normalised by ``mean`` / ``std``;
+* a ``.npz`` file with ``x_train`` and ``x_val`` (float arrays, ``[N, C, H, W]``, already
+  normalised) and, for accuracy, integer ``y_train`` / ``y_val``.
+
+Example:
+    >>> from mqbench.app.sources import split_import_path
+    >>> split_import_path("my_models.nets:small_cnn")
+    ('my_models.nets', 'small_cnn')
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from mqbench.app.config import ConfigError
+from mqbench.data import load_digits_split
+from mqbench.models.zoo import VISION_MODELS, digits_rgb, zoo_model
+
+__all__ = ["IMAGE_SUFFIXES", "Data", "load_checkpoint", "load_data", "load_model", "split_import_path"]
+
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
+
+
+@dataclass(frozen=True)
+class Data:
+    """Training images (calibration draws from them) and validation images with their labels, as tensors."""
+
+    train: Tensor
+    train_labels: Tensor | None
+    val: Tensor
+    val_labels: Tensor | None
+    classes: tuple[str, ...]
+    source: str
+
+    def calibration_batches(self, batches: int, batch_size: int) -> list[Tensor]:
+        """The first ``batches`` batches of the training images (MQBench's ``cali_batchsize``)."""
+        count = min(len(self.train), batches * batch_size)
+        return [self.train[i : min(i + batch_size, count)] for i in range(0, count, batch_size)]
+
+
+def split_import_path(text: str) -> tuple[str, str]:
+    """``"package.module:factory"`` as (module, attribute); a ConfigError for anything else."""
+    module, sep, attribute = text.partition(":")
+    if not sep or not module or not attribute or not all(part.isidentifier() for part in module.split(".")):
+        raise ConfigError(f"model.type {text!r} is not an import path of the form package.module:factory")
+    return module, attribute
+
+
+def load_checkpoint(model: nn.Module, path: str | Path) -> nn.Module:
+    """Load a checkpoint (weights only) into ``model``; a clear error when it is not one or does not fit."""
+    file = Path(path)
+    if not file.is_file():
+        raise ConfigError(f"model.path {str(file)!r}: no such checkpoint file")
+    try:
+        state = torch.load(file, map_location="cpu", weights_only=True)
+    except Exception as error:  # pickle errors, foreign formats
+        raise ConfigError(
+            f"model.path {str(file)!r} is not a checkpoint torch.load(weights_only=True) can read "
+            f"({type(error).__name__}: {error}); save the state dict with torch.save(model.state_dict(), path)"
+        ) from error
+    if isinstance(state, dict):
+        for key in ("state_dict", "model"):
+            if isinstance(state.get(key), dict):
+                state = state[key]
+                break
+    if not isinstance(state, dict) or not all(isinstance(v, Tensor) for v in state.values()):
+        raise ConfigError(f"model.path {str(file)!r} holds no state dict (a mapping of names to tensors)")
+    state = {k.removeprefix("module."): v for k, v in state.items()}
+    try:
+        model.load_state_dict(state)
+    except RuntimeError as error:
+        raise ConfigError(f"model.path {str(file)!r} does not fit model.type's architecture: {error}") from error
+    return model
+
+
+def _factory(text: str) -> Any:
+    module_name, attribute = split_import_path(text)
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # the working directory is importable, as with `python -m`
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as error:
+        raise ConfigError(f"model.type {text!r}: cannot import {module_name!r} ({error})") from error
+    factory = getattr(module, attribute, None)
+    if not callable(factory):
+        raise ConfigError(f"model.type {text!r}: {module_name!r} has no callable {attribute!r}")
+    return factory
+
+
+def _named_model(name: str, kwargs: dict[str, Any]) -> nn.Module | None:
+    """A torchvision or timm model by name, when either is installed and knows it."""
+    try:
+        import torchvision  # type: ignore[import-not-found]
+
+        if name in torchvision.models.list_models():
+            return torchvision.models.get_model(name, **kwargs)
+    except Exception:  # not installed, or a CUDA build that does not import here
+        pass
+    try:
+        import timm  # type: ignore[import-not-found]
+
+        if timm.is_model(name):
+            return timm.create_model(name, **kwargs)
+    except Exception:
+        pass
+    return None
+
+
+def load_model(section: dict[str, Any]) -> tuple[nn.Module, str]:
+    """The float model of a configuration's ``model`` section (eval mode) and a description of it."""
+    name, kwargs, path = section["type"], dict(section.get("kwargs") or {}), section.get("path")
+    if name in VISION_MODELS:
+        if kwargs:
+            raise ConfigError(
+                f"model.kwargs: the zoo model {name!r} is built by its own recipe and takes none; "
+                "for your own architecture give model.type as package.module:factory"
+            )
+        if path is None:
+            return zoo_model(name).model, f"zoo {name} (trained on the bundled digits)"
+        model = VISION_MODELS[name].make()
+        return load_checkpoint(model, path).eval(), f"zoo architecture {name} with {path}"
+    if ":" in name:
+        model = _factory(name)(**kwargs)
+        if not isinstance(model, nn.Module):
+            raise ConfigError(f"model.type {name!r} returned {type(model).__name__}, not a torch.nn.Module")
+    else:
+        found = _named_model(name, kwargs)
+        if found is None:
+            raise ConfigError(
+                f"model.type {name!r} is not a zoo model ({', '.join(sorted(VISION_MODELS))}), an import path "
+                "package.module:factory, or a torchvision/timm model installed here"
+            )
+        model = found
+    if path is not None:
+        load_checkpoint(model, path)
+    return model.eval(), f"{name}" + (f" with {path}" if path else "")
+
+
+def _folder_split(root: Path, section: dict[str, Any], classes: list[str] | None) -> tuple[Tensor, Tensor, list[str]]:
+    try:
+        from PIL import Image
+    except ImportError as error:
+        raise ImportError("reading image folders needs pillow: pip install pillow") from error
+    if not root.is_dir():
+        raise ConfigError(
+            f"data.path: {root} has no {root.name}/ folder (expected train/ and val/, one folder per class)"
+        )
+    found = sorted(p.name for p in root.iterdir() if p.is_dir())
+    if classes is None:
+        classes = found
+    if not classes:
+        raise ConfigError(f"data.path: {root} has no class folders (one subfolder of images per class)")
+    unknown = sorted(set(found) - set(classes))
+    if unknown:
+        raise ConfigError(f"data.path: {root} has class folders that train/ lacks: {', '.join(unknown)}")
+    size, resize = section["input_size"], section["test_resize"]
+    mean = torch.tensor(section["mean"], dtype=torch.float32).view(-1, 1, 1)
+    std = torch.tensor(section["std"], dtype=torch.float32).view(-1, 1, 1)
+    images, labels = [], []
+    for index, name in enumerate(classes):
+        folder = root / name
+        files = sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES) if folder.is_dir() else []
+        for file in files:
+            try:
+                with Image.open(file) as image:
+                    picture = image.convert("RGB")
+            except OSError as error:
+                raise ConfigError(f"data.path: {file} is not an image pillow can read ({error})") from error
+            width, height = picture.size
+            scale = resize / min(width, height)
+            picture = picture.resize((max(size, round(width * scale)), max(size, round(height * scale))))
+            left, top = (picture.size[0] - size) // 2, (picture.size[1] - size) // 2
+            picture = picture.crop((left, top, left + size, top + size))
+            pixels = torch.frombuffer(bytearray(picture.tobytes()), dtype=torch.uint8).view(size, size, 3)
+            images.append((pixels.permute(2, 0, 1).float() / 255.0 - mean) / std)
+            labels.append(index)
+    if not images:
+        raise ConfigError(f"data.path: {root} holds no images ({', '.join(IMAGE_SUFFIXES)})")
+    return torch.stack(images), torch.tensor(labels, dtype=torch.int64), classes
+
+
+def _npz(file: Path) -> Data:
+    import numpy as np
+
+    try:
+        arrays = np.load(file)
+    except Exception as error:
+        raise ConfigError(f"data.path: {file} is not a .npz file numpy can read ({error})") from error
+    missing = [key for key in ("x_train", "x_val") if key not in arrays.files]
+    if missing:
+        raise ConfigError(f"data.path: {file} lacks {', '.join(missing)} (has {', '.join(arrays.files) or 'nothing'})")
+
+    def labels(key: str) -> Tensor | None:
+        return torch.from_numpy(arrays[key].astype("int64")) if key in arrays.files else None
+
+    train = torch.from_numpy(arrays["x_train"].astype("float32"))
+    val = torch.from_numpy(arrays["x_val"].astype("float32"))
+    return Data(train, labels("y_train"), val, labels("y_val"), (), str(file))
+
+
+def load_data(section: dict[str, Any]) -> Data:
+    """The data of a configuration's ``data`` section (see the module docstring)."""
+    path = section.get("path")
+    if path is None:
+        digits_train, digits_test = load_digits_split()
+        size = section["input_size"]
+        return Data(
+            digits_rgb(digits_train.images, size),
+            digits_train.labels,
+            digits_rgb(digits_test.images, size),
+            digits_test.labels,
+            tuple(str(i) for i in range(10)),
+            "digits",
+        )
+    location = Path(path)
+    if location.suffix == ".npz":
+        if not location.is_file():
+            raise ConfigError(f"data.path: no such file {location}")
+        return _npz(location)
+    if not location.is_dir():
+        raise ConfigError(f"data.path: {location} is neither a folder (train/ and val/) nor a .npz file")
+    train_images, train_labels, names = _folder_split(location / "train", section, None)
+    val_images, val_labels, _ = _folder_split(location / "val", section, names)
+    return Data(train_images, train_labels, val_images, val_labels, tuple(names), str(location))

@@ -1,0 +1,272 @@
+"""`mqbench ptq --config`: MQBench's YAML layout checked key by key, the shipped examples on the bundled
+digits, a user's own model, checkpoint and image folder, and a run folder whose figures are re-measured
+here independently (the saved state dict reloaded, the deployed ONNX run on onnxruntime)."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+import torch
+import yaml
+
+from mqbench.advanced_ptq import restore_smoothing
+from mqbench.app.config import ConfigError, load_config, parse_config
+from mqbench.app.ptq import RunFolder
+from mqbench.cli import main
+from mqbench.data import load_digits_split
+from mqbench.models.zoo import digits_rgb, zoo_model
+from mqbench.prepare_by_platform import prepare_by_platform
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = ROOT / "examples"
+
+
+def test_mqbench_s_application_layout_loads_with_its_reconstruction_keys():
+    config = load_config(EXAMPLES / "ptq_qdrop_resnet18_digits.yaml")
+    recon = config["quantize"]["reconstruction"]
+    assert config["quantize"]["quantize_type"] == "advanced_ptq"
+    assert recon["prob"] == 0.5 and recon["b_range"] == [20, 2] and recon["round_mode"] == "learned_hard_sigmoid"
+    assert config["extra_prepare_dict"]["extra_qconfig_dict"]["w_qscheme"]["p"] == 2.4
+    assert config["data"]["path"] is None  # the embedded default
+    assert config["process"]["seed"] == 1005
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ({"quantize": {"quantize_typ": "naive_ptq"}}, r"unknown key 'quantize\.quantize_typ'; valid keys: backend,"),
+        ({"quantize": {"quantize_type": "ptq"}}, r"'quantize\.quantize_type' must be naive_ptq or advanced_ptq"),
+        (
+            {"quantize": {"deploy": {"name": "x"}}},
+            r"unknown key 'quantize\.deploy\.name'; valid keys: deploy_to",
+        ),
+        ({"data": {"batch_size": 0}}, r"'data\.batch_size' must be a positive integer, got 0"),
+        ({"data": {"mean": [0.5, 0.5]}}, r"'data\.mean' must be a list of 1 or 3 numbers"),
+        ({"model": {"type": ""}}, r"'model\.type' must be a model name or an import path"),
+        ({"trainer": {}}, r"unknown section 'trainer'; valid sections: data, extra_prepare_dict, model"),
+        (
+            {"quantize": {"quantize_type": "advanced_ptq"}},
+            r"quantize\.quantize_type is advanced_ptq but quantize\.reconstruction is",
+        ),
+        ([1, 2], r"a configuration is a mapping of sections, got list"),
+    ],
+)
+def test_every_key_is_checked_with_the_file_the_key_and_the_valid_choices(raw, message):
+    with pytest.raises(ConfigError, match=r"^my\.yaml: " + message):
+        parse_config(raw, "my.yaml")
+
+
+def test_a_missing_or_broken_file_is_named(tmp_path):
+    with pytest.raises(ConfigError, match="no such configuration file"):
+        load_config(tmp_path / "absent.yaml")
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("quantize: [unclosed\n")
+    with pytest.raises(ConfigError, match=r"broken\.yaml: not valid YAML"):
+        load_config(broken)
+
+
+def test_a_run_folder_file_is_whole_or_absent(tmp_path):
+    folder = RunFolder(tmp_path / "run")
+    folder.write_text("results.json", "old, complete\n")
+
+    def interrupted(path):
+        path.write_text("half")
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        folder._replace("results.json", interrupted)
+    assert (tmp_path / "run" / "results.json").read_text() == "old, complete\n"
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["results.json"]
+
+
+def _onnx_accuracy(path: Path, images: torch.Tensor, labels: torch.Tensor) -> float:
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 2
+    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    name = session.get_inputs()[0].name
+    logits = np.concatenate(
+        [session.run(None, {name: images[i : i + 64].numpy()})[0] for i in range(0, len(images), 64)]
+    )
+    return int((logits.argmax(1) == labels.numpy()).sum()) / len(labels)
+
+
+def test_the_shipped_ptq_example_runs_and_its_figures_are_what_an_independent_measurement_gives(tmp_path, capsys):
+    run = tmp_path / "run"
+    code = main(["ptq", "--config", str(EXAMPLES / "ptq_resnet18_digits.yaml"), "--output", str(run), "--quiet"])
+    assert code == 0
+    assert "verify passed" in capsys.readouterr().out
+    results = json.loads((run / "results.json").read_text())
+    assert results["status"] == "finished" and results["verify"]["passed"]
+    assert {p.name for p in run.iterdir()} == {
+        "config.yaml",
+        "quantized_state_dict.pt",
+        "deploy",
+        "verify.txt",
+        "results.json",
+        "report.md",
+    }
+    resolved = yaml.safe_load((run / "config.yaml").read_text())
+    assert resolved["quantize"]["backend"] == "Tensorrt" and resolved["data"]["max_eval"] is None  # defaults filled
+
+    _, test = load_digits_split()
+    images, labels = digits_rgb(test.images), test.labels
+    model = zoo_model("resnet18").model
+    with torch.no_grad():
+        float_accuracy = int((model(images).argmax(1) == labels).sum()) / len(labels)
+    assert results["accuracy"]["float"] == pytest.approx(float_accuracy, abs=1e-12)
+
+    qmodel = prepare_by_platform(model, "tensorrt", {})
+    saved = torch.load(run / "quantized_state_dict.pt", weights_only=True)
+    restore_smoothing(qmodel, saved)
+    qmodel.load_state_dict(saved)
+    qmodel.eval()
+    with torch.no_grad():
+        simulated = int((qmodel(images).argmax(1) == labels).sum()) / len(labels)
+    assert results["accuracy"]["simulated"] == pytest.approx(simulated, abs=1e-12)
+
+    deployed = _onnx_accuracy(run / "deploy" / "resnet18.onnx", images, labels)
+    assert results["accuracy"]["deployed_artifact"] == "onnx"
+    assert results["accuracy"]["deployed"] == pytest.approx(deployed, abs=1e-12)
+    report = (run / "report.md").read_text()
+    assert f"| float | {100 * float_accuracy:.2f} % |" in report
+    assert "Verdict: passed." in report
+
+
+def _write_images(root: Path, split: str, images: torch.Tensor, labels: torch.Tensor, classes: list[int]) -> None:
+    from PIL import Image
+
+    for index, (image, label) in enumerate(zip(images, labels, strict=True)):
+        if int(label) not in classes:
+            continue
+        folder = root / split / f"digit_{int(label)}"
+        folder.mkdir(parents=True, exist_ok=True)
+        pixels = (image[0].numpy() * 255).round().astype(np.uint8)
+        Image.fromarray(pixels, mode="L").resize((24, 20)).save(folder / f"{index:04d}.png")
+
+
+USER_MODEL = """
+import torch
+from torch import nn
+
+
+def small_cnn(num_classes=10, width=8):
+    return nn.Sequential(
+        nn.Conv2d(3, width, 3, padding=1), nn.BatchNorm2d(width), nn.ReLU(),
+        nn.Conv2d(width, width, 3, padding=1, stride=2), nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(width, num_classes),
+    )
+"""
+
+
+def test_a_user_model_checkpoint_and_image_folder(tmp_path, monkeypatch):
+    from PIL import Image
+
+    train, test = load_digits_split()
+    classes = [0, 1, 7]
+    data = tmp_path / "digits_folder"
+    _write_images(data, "train", train.images[:200], train.labels[:200], classes)
+    _write_images(data, "val", test.images[:60], test.labels[:60], classes)
+    package = tmp_path / "my_models"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "nets.py").write_text(USER_MODEL)
+    monkeypatch.chdir(tmp_path)  # the working directory is importable, as for `python -m`
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from my_models.nets import small_cnn
+
+    torch.manual_seed(0)
+    net = small_cnn(num_classes=3, width=8).eval()
+    torch.save({"state_dict": {f"module.{k}": v for k, v in net.state_dict().items()}}, tmp_path / "ckpt.pt")
+    config = tmp_path / "user.yaml"
+    config.write_text(
+        textwrap.dedent(
+            """
+            model: {type: "my_models.nets:small_cnn", kwargs: {num_classes: 3, width: 8}, path: ckpt.pt}
+            data: {path: digits_folder, batch_size: 16, input_size: 16, test_resize: 18}
+            quantize: {quantize_type: naive_ptq, cali_batchsize: 2, backend: OPENVINO, verify_samples: 8}
+            extra_prepare_dict: {reduce_range: true}  # 7-bit weights: exact on CPUs with or without VNNI
+            """
+        )
+    )
+    code = main(["ptq", "--config", str(config), "--output", "run", "--quiet"])
+    assert code == 0
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert results["data"]["classes"] == ["digit_0", "digit_1", "digit_7"]
+    val_count = sum(1 for i in range(60) if int(test.labels[i]) in classes)
+    assert results["data"]["val_samples"] == val_count
+    assert results["data"]["calibration_samples"] == 32
+    assert results["backend"] == "openvino" and results["verify"]["passed"]
+
+    # the float accuracy, from the checkpoint's model and the folder read here with the documented transform
+    mean = torch.tensor([0.485, 0.456, 0.406]).view(3, 1, 1)
+    std = torch.tensor([0.229, 0.224, 0.225]).view(3, 1, 1)
+    images, labels = [], []
+    for label, name in enumerate(["digit_0", "digit_1", "digit_7"]):
+        for file in sorted((data / "val" / name).glob("*.png")):
+            picture = Image.open(file).convert("RGB")  # 24 x 20: shorter side to 18, then the centre 16 x 16
+            picture = picture.resize((round(24 * 18 / 20), 18))
+            left, top = (picture.size[0] - 16) // 2, (picture.size[1] - 16) // 2
+            picture = picture.crop((left, top, left + 16, top + 16))
+            pixels = torch.tensor(np.asarray(picture), dtype=torch.float32).permute(2, 0, 1) / 255.0
+            images.append((pixels - mean) / std)
+            labels.append(label)
+    with torch.no_grad():
+        logits = net(torch.stack(images))
+    expected = int((logits.argmax(1) == torch.tensor(labels)).sum()) / len(labels)
+    assert results["accuracy"]["float"] == pytest.approx(expected, abs=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("model", "message"),
+    [
+        ({"type": "no_such_model"}, "is not a zoo model"),
+        ({"type": "no_such_package.nets:factory"}, "cannot import 'no_such_package.nets'"),
+        ({"type": "resnet18", "kwargs": {"num_classes": 1000}}, "is built by its own recipe and takes none"),
+        ({"type": "resnet18", "path": "absent.pt"}, "no such checkpoint file"),
+    ],
+)
+def test_a_model_that_cannot_be_built_is_a_usage_error(model, message, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    config = tmp_path / "bad.yaml"
+    config.write_text(yaml.safe_dump({"model": model}))
+    with pytest.raises(SystemExit) as exit_info:
+        main(["ptq", "--config", str(config), "--output", "run", "--quiet"])
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_the_shipped_qdrop_example_reconstructs_deploys_and_verifies(tmp_path):
+    raw = yaml.safe_load((EXAMPLES / "ptq_qdrop_resnet18_digits.yaml").read_text())
+    raw["quantize"]["reconstruction"]["max_count"] = 20  # the example's recipe, shortened for the suite
+    config = tmp_path / "qdrop.yaml"
+    config.write_text(yaml.safe_dump(raw))
+    run = tmp_path / "run"
+    assert main(["ptq", "--config", str(config), "--output", str(run), "--quiet"]) == 0
+    results = json.loads((run / "results.json").read_text())
+    assert results["method"] == "advanced_ptq" and results["verify"]["passed"]
+    assert "reconstruction" in results["seconds"]
+    assert (run / "deploy" / "resnet18_w2a4.onnx").is_file()
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ({"quantize": {"backend": "tpu9000"}}, "quantize.backend: "),
+        ({"extra_prepare_dict": {"extra_qconfig_dict": {"w_observer": "NoSuchObserver"}}}, "extra_prepare_dict: "),
+    ],
+)
+def test_a_backend_or_prepare_option_that_does_not_exist_is_a_usage_error_and_the_run_says_failed(
+    raw, message, tmp_path, capsys
+):
+    config = tmp_path / "bad.yaml"
+    config.write_text(yaml.safe_dump(raw))
+    with pytest.raises(SystemExit) as exit_info:
+        main(["ptq", "--config", str(config), "--output", str(tmp_path / "run"), "--quiet"])
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+    assert json.loads((tmp_path / "run" / "results.json").read_text())["status"] == "failed"
