@@ -66,9 +66,20 @@ def build_parser() -> argparse.ArgumentParser:
             "results.json and report.md. Exits with 1 if verification fails."
         ),
     )
-    ptq.add_argument("--config", required=True, help="the YAML configuration (see examples/)")
-    ptq.add_argument("--output", required=True, help="the run folder (created; files in it are replaced)")
-    ptq.add_argument("--quiet", action="store_true", help="no progress bars or log lines, only the summary")
+    qat = commands.add_parser(
+        "qat",
+        help="quantization-aware training of a configured model and data (torchrun for several processes)",
+        description=(
+            "Run a YAML configuration as mqbench ptq does, but calibrate and then train with quantization in the "
+            "loop (its training section: epochs, lr, optimizer, ...), writing checkpoint.pt after every epoch "
+            "(training.resume continues from it). Under `torchrun --nproc_per_node N -m mqbench qat` the training "
+            "is data parallel (gloo on CPUs, NCCL on GPUs); rank 0 writes the run folder."
+        ),
+    )
+    for command in (ptq, qat):
+        command.add_argument("--config", required=True, help="the YAML configuration (see examples/)")
+        command.add_argument("--output", required=True, help="the run folder (created; files in it are replaced)")
+        command.add_argument("--quiet", action="store_true", help="no progress bars or log lines, only the summary")
     return parser
 
 
@@ -121,18 +132,24 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
         except (ValueError, FileNotFoundError) as error:
             parser.error(str(error))
-    if args.command == "ptq":
+    if args.command in ("ptq", "qat"):
         # imported when the command runs: `mqbench --help` answers without loading torch
         from mqbench.app.config import ConfigError
-        from mqbench.app.ptq import describe_results, run_ptq
+        from mqbench.app.runs import describe_results
         from mqbench.utils.logger import logger
 
+        if args.command == "ptq":
+            from mqbench.app.ptq import run_ptq as run
+        else:
+            from mqbench.app.qat import run_qat as run
         if args.quiet:
             logger.setLevel("WARNING")
         try:
-            results = run_ptq(args.config, args.output, quiet=args.quiet)
+            results = run(args.config, args.output, quiet=args.quiet)
         except ConfigError as error:
             parser.error(str(error))
+        if "verify" not in results:  # a rank other than 0
+            return 0
         print(describe_results(results))
         print(f"run folder: {args.output} (report.md, results.json, deploy/)")
         return 0 if results["verify"]["passed"] else 1

@@ -16,7 +16,7 @@ import yaml
 
 from mqbench.advanced_ptq import restore_smoothing
 from mqbench.app.config import ConfigError, load_config, parse_config
-from mqbench.app.ptq import RunFolder
+from mqbench.app.runs import RunFolder
 from mqbench.cli import main
 from mqbench.data import load_digits_split
 from mqbench.models.zoo import digits_rgb, zoo_model

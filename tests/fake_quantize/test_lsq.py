@@ -234,3 +234,14 @@ def test_grid_properties(name, values, scale, zero_point):
     inside = (x >= (qmin - zero_point) * s) & (x <= (qmax - zero_point) * s)
     assert ((y - x).abs() <= s * 0.5 + 1e-6 * x.abs())[inside].all()
     assert len(torch.unique(y)) <= 2**fq.bitwidth
+
+
+def test_the_gradient_scale_counts_every_copy_of_a_data_parallel_batch():
+    """With ``batch_replicas = k`` a batch of n rows gets LSQ's factor of a batch of k * n rows."""
+    fq = LearnableFakeQuantize(quant_min=0, quant_max=15)
+    local, global_batch = torch.zeros(8, 5), torch.zeros(16, 5)
+    assert fq.grad_factor(local) == pytest.approx(1 / math.sqrt(40 * 15))
+    fq.batch_replicas = 2
+    assert fq.grad_factor(local) == pytest.approx(1 / math.sqrt(80 * 15))
+    fq.batch_replicas = 1
+    assert fq.grad_factor(global_batch) == pytest.approx(1 / math.sqrt(80 * 15))

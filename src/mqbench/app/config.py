@@ -29,8 +29,20 @@ and the valid choices. Missing sections and keys take the defaults below.
       deploy: {model_name: model, output_path: null, deploy_to_qlinear: false}
       verify_samples: 32        # mqbench: validation samples verify_deploy compares on
     extra_prepare_dict: {...}   # prepare_by_platform's prepare_custom_config_dict
+    training:                   # mqbench: mqbench qat
+      epochs: 1
+      lr: 1.0e-4
+      optimizer: adam           # adam, adamw or sgd
+      momentum: 0.9             # sgd
+      weight_decay: 0.0
+      max_steps: null           # optimizer steps per epoch (null: the whole training set)
+      resume: null              # checkpoint.pt of an earlier run of the same configuration
     process:
       seed: 0
+
+``data.batch_size`` is per process: under ``torchrun`` with N processes a step sees N batches.
+``data.num_workers`` and ``data.pin_memory`` are accepted for MQBench's configs; the data is read
+into memory once.
 
 Example:
     >>> cfg = parse_config({"quantize": {"backend": "tensorrt"}}, "run.yaml")
@@ -50,7 +62,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-__all__ = ["DEFAULTS", "QUANTIZE_TYPES", "ConfigError", "load_config", "parse_config"]
+__all__ = ["DEFAULTS", "OPTIMIZERS", "QUANTIZE_TYPES", "ConfigError", "load_config", "parse_config"]
 
 QUANTIZE_TYPES = ("naive_ptq", "advanced_ptq")
 
@@ -76,8 +88,19 @@ DEFAULTS: dict[str, Any] = {
         "verify_samples": 32,
     },
     "extra_prepare_dict": {},
+    "training": {
+        "epochs": 1,
+        "lr": 1e-4,
+        "optimizer": "adam",
+        "momentum": 0.9,
+        "weight_decay": 0.0,
+        "max_steps": None,
+        "resume": None,
+    },
     "process": {"seed": 0},
 }
+
+OPTIMIZERS = ("adam", "adamw", "sgd")
 
 
 class ConfigError(ValueError):
@@ -138,6 +161,15 @@ _CHECKS: dict[str, dict[str, tuple[Callable[[Any], bool], str]]] = {
         "model_name": (lambda v: isinstance(v, str) and bool(v), "a file name"),
         "output_path": (_optional_str, "a folder or null (the run folder)"),
         "deploy_to_qlinear": (lambda v: isinstance(v, bool), "true or false"),
+    },
+    "training": {
+        "epochs": (_positive_int, "a positive integer"),
+        "lr": (lambda v: isinstance(v, int | float) and not isinstance(v, bool) and v > 0, "a positive number"),
+        "optimizer": (lambda v: v in OPTIMIZERS, " or ".join(OPTIMIZERS)),
+        "momentum": (lambda v: isinstance(v, int | float) and not isinstance(v, bool) and 0 <= v < 1, "in [0, 1)"),
+        "weight_decay": (lambda v: isinstance(v, int | float) and not isinstance(v, bool) and v >= 0, "a number >= 0"),
+        "max_steps": (_optional_positive_int, "a positive integer (steps per epoch) or null"),
+        "resume": (_optional_str, "a checkpoint.pt of an earlier run of this configuration, or null"),
     },
     "process": {"seed": (lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer")},
 }

@@ -71,6 +71,9 @@ class LearnableFakeQuantize(QuantizeBase):
         if self.symmetric and zero_point != 0:
             raise ValueError(f"a symmetric qscheme ({self.qscheme}) has zero point 0, got zero_point={zero_point}")
         self.use_grad_scaling = bool(use_grad_scaling)
+        # Copies of the batch this quantizer's input is one part of (data-parallel training sets it to the
+        # number of processes, so that N counts the global batch as one process with it would).
+        self.batch_replicas = 1
         self.scale = nn.Parameter(torch.tensor([float(scale)]))
         self.zero_point = nn.Parameter(torch.tensor([float(zero_point)]), requires_grad=not self.symmetric)
 
@@ -88,7 +91,7 @@ class LearnableFakeQuantize(QuantizeBase):
         if not self.use_grad_scaling:
             return 1.0
         per_scale = x.numel() // x.shape[self.ch_axis] if self.is_per_channel and x.dim() > 0 else x.numel()
-        return 1.0 / math.sqrt(max(per_scale, 1) * max(self.quant_max, 1))
+        return 1.0 / math.sqrt(max(per_scale * self.batch_replicas, 1) * max(self.quant_max, 1))
 
     def _effective_zero_point(self) -> Tensor:
         if self.symmetric:

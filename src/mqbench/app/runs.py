@@ -1,0 +1,316 @@
+"""What ``mqbench ptq`` and ``mqbench qat`` share: the run folder, the stages around quantization, the report.
+
+A run: the float model and data of the configuration and their float accuracy; the command's own
+quantization (calibration, reconstruction or training); then, on rank 0, the quantized model's
+state dict, its simulated accuracy, deployment of every artifact the backend consumes,
+``verify_deploy`` on validation samples and the deployed model's accuracy as its runtime serves it.
+
+The run folder holds ``config.yaml`` (every default filled in), ``quantized_state_dict.pt`` (load it
+into ``prepare_by_platform(model, backend, extra_prepare_dict)``, after
+:func:`~mqbench.advanced_ptq.restore_smoothing` for a smoothed model), ``deploy/``, ``verify.txt``,
+``results.json`` and ``report.md``. Each file is written under a temporary name and renamed when
+complete, so an interrupted run leaves finished files and no half-written one; ``results.json``'s
+``status`` says ``running``, ``finished``, ``failed`` (with the error) or ``interrupted``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor, fx, nn
+from tqdm.auto import tqdm
+
+from mqbench.app.check import deploy_and_verify, deployed_runner
+from mqbench.app.config import ConfigError, load_config
+from mqbench.app.distributed import Processes
+from mqbench.app.sources import Data, load_data, load_model
+from mqbench.backends import BackendSpec, resolve_backend
+from mqbench.prepare_by_platform import prepare_by_platform
+from mqbench.utils.host import describe_host, host_facts
+from mqbench.utils.logger import logger
+
+__all__ = ["Run", "RunFolder", "describe_results", "execute"]
+
+
+class RunFolder:
+    """A run's output folder: every file written whole (temporary name, then renamed)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.path.mkdir(parents=True, exist_ok=True)
+
+    def write_text(self, name: str, text: str) -> Path:
+        return self._replace(name, lambda tmp: tmp.write_text(text))
+
+    def write_json(self, name: str, payload: Any) -> Path:
+        return self.write_text(name, json.dumps(payload, indent=2, default=str) + "\n")
+
+    def save_torch(self, name: str, payload: Any) -> Path:
+        return self._replace(name, lambda tmp: torch.save(payload, tmp))
+
+    def _replace(self, name: str, write: Callable[[Path], Any]) -> Path:
+        final = self.path / name
+        tmp = final.with_name(f".{final.name}.partial")
+        try:
+            write(tmp)
+            os.replace(tmp, final)
+        finally:
+            tmp.unlink(missing_ok=True)
+        return final
+
+
+@dataclass
+class Run:
+    """One run's state, handed to the command's quantization step."""
+
+    config: dict[str, Any]
+    spec: BackendSpec
+    folder: RunFolder | None  # None on ranks other than 0
+    processes: Processes
+    quiet: bool
+    data: Data
+    val: Tensor
+    val_labels: Tensor | None
+    seconds: dict[str, float] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)  # results.json entries of the quantization step
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.config["data"]["batch_size"])
+
+    def prepare(self, model: nn.Module) -> fx.GraphModule:
+        """``prepare_by_platform`` with the configuration's backend and ``extra_prepare_dict``."""
+        try:
+            return prepare_by_platform(model, self.spec, dict(self.config["extra_prepare_dict"] or {}))
+        except ValueError as error:  # a key or value prepare_by_platform does not take; its message names it
+            raise ConfigError(f"extra_prepare_dict: {error}") from error
+
+    def calibration_batches(self) -> list[Tensor]:
+        """``cali_batchsize`` global batches: every process's calibration data together (rank 0 calibrates)."""
+        global_batch = self.batch_size * self.processes.world_size
+        return self.data.calibration_batches(self.config["quantize"]["cali_batchsize"], global_batch)
+
+    def accuracy(self, run: Callable[[Tensor], Any], what: str) -> float | None:
+        """Top-1 accuracy on the validation samples (None without labels)."""
+        return accuracy(run, self.val, self.val_labels, self.batch_size, what, self.quiet)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+@torch.no_grad()
+def accuracy(
+    run: Callable[[Tensor], Any], images: Tensor, labels: Tensor | None, size: int, what: str, quiet: bool
+) -> float | None:
+    if labels is None:
+        return None
+    correct = 0
+    for start in tqdm(range(0, len(images), size), desc=f"accuracy ({what})", disable=quiet, leave=False):
+        logits = torch.as_tensor(np.asarray(run(images[start : start + size])))
+        correct += int((logits.argmax(1) == labels[start : start + size]).sum())
+    return correct / len(labels)
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.2f} %"
+
+
+def _report(results: dict[str, Any]) -> str:
+    acc = results["accuracy"]
+    lines = [
+        f"# {results['command']} run: {results['model']} on {results['backend']}",
+        "",
+        f"Data: {results['data']['source']} ({results['data']['calibration_samples']} calibration samples, "
+        f"{results['data']['val_samples']} validation samples). Method: {results['method']}.",
+        "",
+        "| model | top-1 accuracy |",
+        "| --- | --- |",
+        f"| float | {_pct(acc['float'])} |",
+        f"| simulated (fake quantization) | {_pct(acc['simulated'])} |",
+        f"| deployed ({acc.get('deployed_artifact') or '-'}, on its runtime) | {_pct(acc['deployed'])} |",
+        "",
+    ]
+    history = results.get("training", {}).get("history")
+    if history:
+        lines += ["## Training", "", "| epoch | mean loss | simulated accuracy |", "| --- | --- | --- |"]
+        lines += [f"| {h['epoch']} | {h['loss']:.4f} | {_pct(h['accuracy'])} |" for h in history]
+        lines.append("")
+    verify = results["verify"]
+    lines += [
+        f"## Verification ({verify['samples']} samples, tolerance {verify['tolerance']} LSB)",
+        "",
+        "| artifact | runtime | max LSB difference | exact |",
+        "| --- | --- | --- | --- |",
+    ]
+    for key, art in verify["artifacts"].items():
+        lines.append(f"| {key} | {art['runtime']} | {art['max_lsb_diff']:.3g} | {100 * art['exact_fraction']:.1f} % |")
+    lines += ["", f"Verdict: {'passed' if verify['passed'] else 'FAILED'}.", ""]
+    if verify["failures"]:
+        lines += [*[f"- {line}" for line in verify["failures"]], ""]
+    lines += [
+        results["host"],
+        "",
+        "Timings (s): " + ", ".join(f"{k} {v:.1f}" for k, v in results["seconds"].items()),
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _verify_summary(check: Any, samples: int) -> dict[str, Any]:
+    report = check.report
+    artifacts = {}
+    for key, art in report.artifacts.items():
+        artifacts[key] = {
+            "runtime": art.runtime,
+            "max_lsb_diff": float(art.max_lsb_diff),
+            "exact_fraction": float(art.exact_fraction),
+            "host_max_lsb_diff": None if art.host is None else float(art.host.max_lsb_diff),
+        }
+    return {
+        "passed": bool(check.passed),
+        "tolerance": check.tolerance,
+        "samples": samples,
+        "artifacts": artifacts,
+        "failures": report.failures(),
+    }
+
+
+Quantize = Callable[[Run, nn.Module], nn.Module]
+
+
+def execute(
+    command: str, config_path: str | Path, output: str | Path, quantize: Quantize, quiet: bool
+) -> dict[str, Any]:
+    """Run ``config_path`` with the quantization step ``quantize(run, float_model) -> quantized model``.
+
+    Returns ``results.json``'s content (on every rank; only rank 0 writes and deploys).
+    """
+    config = load_config(config_path)
+    processes = Processes.from_env()
+    folder = RunFolder(output) if processes.main else None
+    results: dict[str, Any] = {"status": "running", "command": command, "config": str(config_path)}
+    try:
+        return _execute(config, folder, processes, results, quantize, quiet)
+    except KeyboardInterrupt:
+        if folder is not None:
+            folder.write_json("results.json", {**results, "status": "interrupted"})
+        raise
+    except Exception as error:
+        if folder is not None:
+            failure = {**results, "status": "failed", "error": f"{type(error).__name__}: {error}"}
+            folder.write_json("results.json", failure)
+        raise
+    finally:
+        processes.close()
+
+
+def _execute(
+    config: dict[str, Any],
+    folder: RunFolder | None,
+    processes: Processes,
+    results: dict[str, Any],
+    quantize: Quantize,
+    quiet: bool,
+) -> dict[str, Any]:
+    import yaml
+
+    quiet = quiet or not processes.main
+    try:
+        spec = resolve_backend(config["quantize"]["backend"])
+    except (KeyError, ValueError) as error:
+        raise ConfigError(f"quantize.backend: {error}") from error
+    results["backend"] = spec.name
+    if folder is not None:
+        folder.write_text("config.yaml", yaml.safe_dump(config, sort_keys=False))
+        folder.write_json("results.json", results)
+    seed_everything(config["process"]["seed"])
+
+    started = time.perf_counter()
+    model, described = load_model(config["model"])
+    data = load_data(config["data"])
+    max_eval = config["data"]["max_eval"]
+    val = data.val if max_eval is None else data.val[:max_eval]
+    val_labels = data.val_labels if data.val_labels is None or max_eval is None else data.val_labels[:max_eval]
+    run = Run(config, spec, folder, processes, quiet, data, val, val_labels)
+    run.seconds["load"] = time.perf_counter() - started
+    logger.info("model: %s; data: %s (%d train, %d validation)", described, data.source, len(data.train), len(val))
+    results |= {"model": described, "host": describe_host(), "host_facts": host_facts()}
+
+    float_accuracy = None
+    if processes.main:
+        started = time.perf_counter()
+        float_accuracy = run.accuracy(model, "float")
+        run.seconds["float evaluation"] = time.perf_counter() - started
+
+    qmodel = quantize(run, model)
+    results |= run.extra
+    if not processes.main:
+        return {**results, "status": "finished (rank 0 deploys)"}
+    assert folder is not None
+    qmodel.eval()
+    folder.save_torch("quantized_state_dict.pt", qmodel.state_dict())
+
+    started = time.perf_counter()
+    simulated_accuracy = run.accuracy(qmodel, "simulated")
+    run.seconds["simulated evaluation"] = time.perf_counter() - started
+
+    started = time.perf_counter()
+    deploy = config["quantize"]["deploy"]
+    deploy_folder = Path(deploy["output_path"]) if deploy["output_path"] else folder.path / "deploy"
+    samples = val[: config["quantize"]["verify_samples"]]
+    logger.info("deploying for %s into %s and verifying on %d samples", spec.name, deploy_folder, len(samples))
+    check = deploy_and_verify(qmodel, spec, samples, deploy_folder, deploy["model_name"])
+    folder.write_text("verify.txt", check.report.summary() + "\n")
+    run.seconds["deploy and verify"] = time.perf_counter() - started
+
+    started = time.perf_counter()
+    artifact, runner = deployed_runner(check.result)
+    deployed_accuracy = run.accuracy(lambda x: runner(x.numpy()), f"deployed {artifact}")
+    run.seconds["deployed evaluation"] = time.perf_counter() - started
+
+    results |= {
+        "status": "finished",
+        "data": {
+            "source": data.source,
+            "calibration_samples": sum(len(b) for b in run.calibration_batches()),
+            "val_samples": len(val),
+            "classes": list(data.classes),
+        },
+        "accuracy": {
+            "float": float_accuracy,
+            "simulated": simulated_accuracy,
+            "deployed": deployed_accuracy,
+            "deployed_artifact": artifact,
+        },
+        "verify": _verify_summary(check, len(samples)),
+        "artifacts": {key: str(path) for key, path in check.result.artifacts.items()},
+        "seconds": run.seconds,
+    }
+    folder.write_text("report.md", _report(results))
+    folder.write_json("results.json", results)
+    return results
+
+
+def describe_results(results: dict[str, Any]) -> str:
+    """A few lines for the terminal."""
+    if "accuracy" not in results:
+        return f"{results.get('command', 'run')}: {results['status']}"
+    acc = results["accuracy"]
+    verdict = "passed" if results["verify"]["passed"] else "FAILED"
+    return (
+        f"{results['model']} on {results['backend']} ({results['method']}): float {_pct(acc['float'])}, "
+        f"simulated {_pct(acc['simulated'])}, deployed {_pct(acc['deployed'])} ({acc['deployed_artifact']}); "
+        f"verify {verdict}"
+    )

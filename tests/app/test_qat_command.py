@@ -1,0 +1,150 @@
+"""`mqbench qat --config`: training with quantization in the loop, checkpoints and resume, and the same run
+across two processes (torchrun, gloo on the CPU) against one process with the same global batch."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from mqbench.app.distributed import DistributedBatchNorm, restore_batch_norm, synchronise_batch_norm
+from mqbench.cli import main
+
+TINY_MODELS = """
+from torch import nn
+
+
+def cnn(num_classes=10):
+    return nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
+        nn.Conv2d(8, 8, 3, padding=1, stride=2), nn.BatchNorm2d(8), nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, num_classes),
+    )
+"""
+
+
+def _config(folder: Path, batch_size: int, epochs: int = 1, **training: object) -> Path:
+    (folder / "tiny_models.py").write_text(TINY_MODELS)
+    torch.manual_seed(0)
+    config = {
+        "model": {"type": "tiny_models:cnn"},
+        "data": {"batch_size": batch_size, "input_size": 16, "max_eval": 64},
+        "quantize": {"cali_batchsize": 2, "backend": "Academic", "verify_samples": 8},
+        "extra_prepare_dict": {
+            "extra_qconfig_dict": {
+                "w_observer": "MinMaxObserver",
+                "a_observer": "EMAMinMaxObserver",
+                "w_fakequantize": "LearnableFakeQuantize",
+                "a_fakequantize": "LearnableFakeQuantize",
+                "w_qscheme": {"bit": 4, "symmetry": True, "per_channel": True, "pot_scale": False},
+                "a_qscheme": {"bit": 4, "symmetry": False, "per_channel": False, "pot_scale": False},
+            }
+        },
+        "training": {"epochs": epochs, "lr": 0.05, "optimizer": "sgd", "max_steps": 3, **training},
+        "process": {"seed": 3},
+    }
+    path = folder / f"qat_{batch_size}.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def _run(folder: Path, args: list[str], processes: int = 1) -> None:
+    environment = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(folder)}
+    if processes == 1:
+        command = [sys.executable, "-m", "mqbench", *args]
+    else:
+        command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(processes)]
+        command += ["--standalone", "-m", "mqbench", *args]  # a free port on localhost
+    done = subprocess.run(command, cwd=folder, env=environment, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+
+
+def test_two_processes_train_what_one_process_trains_with_the_same_global_batch(tmp_path):
+    _run(tmp_path, ["qat", "--config", str(_config(tmp_path, 8)), "--output", "ddp", "--quiet"], processes=2)
+    _run(tmp_path, ["qat", "--config", str(_config(tmp_path, 16)), "--output", "single", "--quiet"])
+    ddp = json.loads((tmp_path / "ddp" / "results.json").read_text())
+    single = json.loads((tmp_path / "single" / "results.json").read_text())
+    assert ddp["training"]["processes"] == 2 and single["training"]["processes"] == 1
+    assert ddp["training"]["global_batch"] == single["training"]["global_batch"] == 16
+    assert ddp["verify"]["passed"] and single["verify"]["passed"]
+    a = torch.load(tmp_path / "ddp" / "checkpoint.pt", weights_only=True)["model"]
+    b = torch.load(tmp_path / "single" / "checkpoint.pt", weights_only=True)["model"]
+    assert a.keys() == b.keys()
+    for key in a:
+        if a[key].is_floating_point():
+            # float32 sums in another order (gradients all-reduced, BN statistics from per-rank sums)
+            torch.testing.assert_close(a[key], b[key], rtol=1e-5, atol=1e-6, msg=key)
+        else:
+            assert torch.equal(a[key], b[key]), key
+    final = torch.load(tmp_path / "ddp" / "quantized_state_dict.pt", weights_only=True)
+    assert all(torch.equal(final[key], a[key]) for key in a)  # rank 0 deployed the trained model
+    loss_ddp = [h["loss"] for h in ddp["training"]["history"]]
+    loss_single = [h["loss"] for h in single["training"]["history"]]
+    assert loss_ddp == pytest.approx(loss_single, rel=1e-6)
+
+
+def test_resume_continues_where_the_checkpoint_stopped_as_an_uninterrupted_run(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    whole = _config(tmp_path, 16, epochs=2)
+    assert main(["qat", "--config", str(whole), "--output", "whole", "--quiet"]) == 0
+    first = tmp_path / "first.yaml"
+    raw = yaml.safe_load(whole.read_text())
+    raw["training"]["epochs"] = 1
+    first.write_text(yaml.safe_dump(raw))
+    assert main(["qat", "--config", str(first), "--output", "first", "--quiet"]) == 0
+    raw["training"] |= {"epochs": 2, "resume": str(tmp_path / "first" / "checkpoint.pt")}
+    second = tmp_path / "second.yaml"
+    second.write_text(yaml.safe_dump(raw))
+    assert main(["qat", "--config", str(second), "--output", "second", "--quiet"]) == 0
+    a = torch.load(tmp_path / "whole" / "checkpoint.pt", weights_only=True)
+    b = torch.load(tmp_path / "second" / "checkpoint.pt", weights_only=True)
+    assert a["epoch"] == b["epoch"] == 2
+    for key in a["model"]:
+        assert torch.equal(a["model"][key], b["model"][key]), key
+    assert [h["loss"] for h in a["history"]] == [h["loss"] for h in b["history"]]
+    results = json.loads((tmp_path / "second" / "results.json").read_text())
+    assert results["training"]["resumed_from_epoch"] == 1
+    report = (tmp_path / "second" / "report.md").read_text()
+    assert "## Training" in report and "| 2 |" in report
+
+    raw["training"]["lr"] = 0.5  # another configuration's checkpoint is refused
+    other = tmp_path / "other.yaml"
+    other.write_text(yaml.safe_dump(raw))
+    with pytest.raises(SystemExit):
+        main(["qat", "--config", str(other), "--output", "other", "--quiet"])
+
+
+def test_batch_norm_swaps_keep_the_state_and_the_class():
+    model = torch.nn.Sequential(torch.nn.Conv2d(1, 2, 1), torch.nn.BatchNorm2d(2), torch.nn.BatchNorm1d(3))
+    model[1].running_mean.fill_(0.5)
+    synchronise_batch_norm(model)
+    assert isinstance(model[1], DistributedBatchNorm) and isinstance(model[2], DistributedBatchNorm)
+    x = torch.randn(4, 2, 3, 3)
+    model.eval()
+    expected = torch.nn.functional.batch_norm(x, model[1].running_mean, model[1].running_var, eps=1e-5)
+    torch.testing.assert_close(model[1](x), expected)
+    restore_batch_norm(model)
+    assert type(model[1]) is torch.nn.BatchNorm2d and type(model[2]) is torch.nn.BatchNorm1d
+    assert float(model[1].running_mean[0]) == 0.5
+
+
+def test_a_config_without_labels_or_with_advanced_ptq_is_refused(tmp_path, capsys):
+    config = tmp_path / "bad.yaml"
+    config.write_text(
+        textwrap.dedent(
+            """
+            quantize: {quantize_type: advanced_ptq, reconstruction: {pattern: block}}
+            """
+        )
+    )
+    with pytest.raises(SystemExit):
+        main(["qat", "--config", str(config), "--output", str(tmp_path / "run"), "--quiet"])
+    assert "advanced_ptq is for mqbench ptq" in capsys.readouterr().err
