@@ -1,16 +1,18 @@
-"""What ``mqbench ptq`` and ``mqbench qat`` share: the run folder, the stages around quantization, the report.
+"""What ``mqbench ptq`` and ``mqbench qat`` share: the run folder, the stages around quantization, the
+report.
 
 A run: the float model and data of the configuration and their float accuracy; the command's own
-quantization (calibration, reconstruction or training); then, on rank 0, the quantized model's
-state dict, its simulated accuracy, deployment of every artifact the backend consumes,
-``verify_deploy`` on validation samples and the deployed model's accuracy as its runtime serves it.
+quantization (calibration, reconstruction or training); then, on rank 0, the quantized model's state
+dict, its simulated accuracy, deployment of every artifact the backend consumes, ``verify_deploy``
+on validation samples and the deployed model's accuracy as its runtime serves it.
 
 The run folder holds ``config.yaml`` (every default filled in), ``quantized_state_dict.pt`` (load it
 into ``prepare_by_platform(model, backend, extra_prepare_dict)``, after
 :func:`~mqbench.advanced_ptq.restore_smoothing` for a smoothed model), ``deploy/``, ``verify.txt``,
-``results.json`` and ``report.md``. Each file is written under a temporary name and renamed when
-complete, so an interrupted run leaves finished files and no half-written one; ``results.json``'s
-``status`` says ``running``, ``finished``, ``failed`` (with the error) or ``interrupted``.
+``results.json``, ``report.md`` and ``report.html`` (see :mod:`mqbench.app.report`). Each file is
+written under a temporary name and renamed when complete, so an interrupted run leaves finished
+files and no half-written one; ``results.json``'s ``status`` says ``running``, ``finished``,
+``failed`` (with the error) or ``interrupted``.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from tqdm.auto import tqdm
 from mqbench.app.check import deploy_and_verify, deployed_runner
 from mqbench.app.config import ConfigError, load_config
 from mqbench.app.distributed import Processes
+from mqbench.app.report import layer_errors, lsb_histogram, render_html, render_markdown
 from mqbench.app.sources import Data, load_data, load_model
 from mqbench.backends import BackendSpec, resolve_backend
 from mqbench.prepare_by_platform import prepare_by_platform
@@ -123,51 +126,6 @@ def accuracy(
     return correct / len(labels)
 
 
-def _pct(value: float | None) -> str:
-    return "-" if value is None else f"{100 * value:.2f} %"
-
-
-def _report(results: dict[str, Any]) -> str:
-    acc = results["accuracy"]
-    lines = [
-        f"# {results['command']} run: {results['model']} on {results['backend']}",
-        "",
-        f"Data: {results['data']['source']} ({results['data']['calibration_samples']} calibration samples, "
-        f"{results['data']['val_samples']} validation samples). Method: {results['method']}.",
-        "",
-        "| model | top-1 accuracy |",
-        "| --- | --- |",
-        f"| float | {_pct(acc['float'])} |",
-        f"| simulated (fake quantization) | {_pct(acc['simulated'])} |",
-        f"| deployed ({acc.get('deployed_artifact') or '-'}, on its runtime) | {_pct(acc['deployed'])} |",
-        "",
-    ]
-    history = results.get("training", {}).get("history")
-    if history:
-        lines += ["## Training", "", "| epoch | mean loss | simulated accuracy |", "| --- | --- | --- |"]
-        lines += [f"| {h['epoch']} | {h['loss']:.4f} | {_pct(h['accuracy'])} |" for h in history]
-        lines.append("")
-    verify = results["verify"]
-    lines += [
-        f"## Verification ({verify['samples']} samples, tolerance {verify['tolerance']} LSB)",
-        "",
-        "| artifact | runtime | max LSB difference | exact |",
-        "| --- | --- | --- | --- |",
-    ]
-    for key, art in verify["artifacts"].items():
-        lines.append(f"| {key} | {art['runtime']} | {art['max_lsb_diff']:.3g} | {100 * art['exact_fraction']:.1f} % |")
-    lines += ["", f"Verdict: {'passed' if verify['passed'] else 'FAILED'}.", ""]
-    if verify["failures"]:
-        lines += [*[f"- {line}" for line in verify["failures"]], ""]
-    lines += [
-        results["host"],
-        "",
-        "Timings (s): " + ", ".join(f"{k} {v:.1f}" for k, v in results["seconds"].items()),
-        "",
-    ]
-    return "\n".join(lines)
-
-
 def _verify_summary(check: Any, samples: int) -> dict[str, Any]:
     report = check.report
     artifacts = {}
@@ -184,6 +142,7 @@ def _verify_summary(check: Any, samples: int) -> dict[str, Any]:
         "samples": samples,
         "artifacts": artifacts,
         "failures": report.failures(),
+        "lsb_histograms": lsb_histogram(report),
     }
 
 
@@ -276,6 +235,10 @@ def _execute(
     run.seconds["deploy and verify"] = time.perf_counter() - started
 
     started = time.perf_counter()
+    errors = layer_errors(qmodel, samples)
+    run.seconds["quantization error"] = time.perf_counter() - started
+
+    started = time.perf_counter()
     artifact, runner = deployed_runner(check.result)
     deployed_accuracy = run.accuracy(lambda x: runner(x.numpy()), f"deployed {artifact}")
     run.seconds["deployed evaluation"] = time.perf_counter() - started
@@ -295,10 +258,12 @@ def _execute(
             "deployed_artifact": artifact,
         },
         "verify": _verify_summary(check, len(samples)),
+        "layer_errors": errors,
         "artifacts": {key: str(path) for key, path in check.result.artifacts.items()},
         "seconds": run.seconds,
     }
-    folder.write_text("report.md", _report(results))
+    folder.write_text("report.md", render_markdown(results))
+    folder.write_text("report.html", render_html(results))
     folder.write_json("results.json", results)
     return results
 
@@ -309,8 +274,12 @@ def describe_results(results: dict[str, Any]) -> str:
         return f"{results.get('command', 'run')}: {results['status']}"
     acc = results["accuracy"]
     verdict = "passed" if results["verify"]["passed"] else "FAILED"
+
+    def pct(value: float | None) -> str:
+        return "-" if value is None else f"{100 * value:.2f} %"
+
     return (
-        f"{results['model']} on {results['backend']} ({results['method']}): float {_pct(acc['float'])}, "
-        f"simulated {_pct(acc['simulated'])}, deployed {_pct(acc['deployed'])} ({acc['deployed_artifact']}); "
+        f"{results['model']} on {results['backend']} ({results['method']}): float {pct(acc['float'])}, "
+        f"simulated {pct(acc['simulated'])}, deployed {pct(acc['deployed'])} ({acc['deployed_artifact']}); "
         f"verify {verdict}"
     )

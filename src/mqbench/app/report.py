@@ -1,0 +1,319 @@
+"""A run's report: ``report.md`` and a self-contained ``report.html`` with its plots embedded.
+
+Plots (matplotlib, PNG, embedded as data URIs so the HTML file travels alone): accuracy of the
+float model, the simulation and the deployed model on its runtime; the quantization error of each
+quantized tensor (SQNR against the float value of the same tensor: weights against the float
+weight, activations against the float model's activation at that point); from verification, how
+many tensors of each artifact differ from the simulation by 0, 1, 2 ... LSB; for QAT, the loss and
+accuracy per epoch. Tables carry the same figures and the host's facts.
+
+Example:
+    >>> import torch
+    >>> round(sqnr_db(torch.tensor([3.0, 4.0]), torch.tensor([3.0, 4.5])), 2)   # 25 / 0.25 -> 20 dB
+    20.0
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import math
+from collections import Counter
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from mqbench.fake_quantize.quantize_base import QuantizeBase
+from mqbench.utils.state import disable_all, enable_quantization
+
+__all__ = ["layer_errors", "lsb_histogram", "render_html", "render_markdown", "sqnr_db"]
+
+
+def sqnr_db(reference: Tensor, quantized: Tensor) -> float:
+    """Signal to quantization-noise ratio in dB: ``10 log10(sum(ref^2) / sum((q - ref)^2))`` (inf when exact)."""
+    noise = float((quantized.double() - reference.double()).square().sum())
+    signal = float(reference.double().square().sum())
+    if noise == 0.0:
+        return math.inf
+    return 10.0 * math.log10(max(signal, 1e-300) / noise)
+
+
+@torch.no_grad()
+def layer_errors(qmodel: nn.Module, inputs: Tensor) -> list[dict[str, Any]]:
+    """SQNR (dB) of every quantizer's output on ``inputs``, in graph order.
+
+    Weights: the quantized weight against the float weight the quantizer received. Activations: the
+    quantized model's tensor against the float model's tensor at the same point (the same graph with
+    every quantizer off), so an activation's figure includes what earlier layers lost.
+    """
+    quantizers = [(name, m) for name, m in qmodel.named_modules() if isinstance(m, QuantizeBase)]
+    captured: dict[str, list[Tensor]] = {}
+
+    def hook(name: str) -> Any:
+        def record(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
+            if isinstance(output, Tensor):
+                captured.setdefault(name, []).append(output.detach().float().clone())
+
+        return record
+
+    was_training = qmodel.training
+    qmodel.eval()
+    switches = {name: (bool(m.observer_enabled[0]), bool(m.fake_quant_enabled[0])) for name, m in quantizers}
+    handles = [m.register_forward_hook(hook(name)) for name, m in quantizers]
+    try:
+        disable_all(qmodel)
+        qmodel(inputs)
+        reference = {name: values[0] for name, values in captured.items()}
+        captured.clear()
+        enable_quantization(qmodel)
+        qmodel(inputs)
+        quantized = {name: values[0] for name, values in captured.items()}
+    finally:
+        for handle in handles:
+            handle.remove()
+        for name, module in quantizers:
+            observer, fake_quant = switches[name]
+            module.enable_observer(observer)
+            module.enable_fake_quant(fake_quant)
+        qmodel.train(was_training)
+    rows = []
+    for name, module in _graph_order(qmodel, quantizers):
+        if name in reference and name in quantized and reference[name].shape == quantized[name].shape:
+            kind = "weight" if name.endswith("weight_fake_quant") else "activation"
+            rows.append(
+                {
+                    "tensor": name.removesuffix(".weight_fake_quant") if kind == "weight" else name,
+                    "kind": kind,
+                    "bits": module.bitwidth,
+                    "sqnr_db": sqnr_db(reference[name], quantized[name]),
+                }
+            )
+    return rows
+
+
+def _graph_order(model: nn.Module, quantizers: list[tuple[str, QuantizeBase]]) -> list[tuple[str, QuantizeBase]]:
+    """Quantizers in the order the graph runs them (a layer's weight quantizer at the layer)."""
+    graph = getattr(model, "graph", None)
+    if graph is None:
+        return quantizers
+    by_name = dict(quantizers)
+    ordered: list[tuple[str, QuantizeBase]] = []
+    for node in graph.nodes:
+        if node.op != "call_module":
+            continue
+        for name in (f"{node.target}.weight_fake_quant", str(node.target)):
+            if name in by_name and all(name != seen for seen, _ in ordered):
+                ordered.append((name, by_name[name]))
+    ordered += [(name, q) for name, q in quantizers if all(name != seen for seen, _ in ordered)]
+    return ordered
+
+
+def _png(figure: Any) -> str:
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=100, bbox_inches="tight")
+    import matplotlib.pyplot as plt
+
+    plt.close(figure)
+    return base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+def _plots(results: dict[str, Any]) -> dict[str, str]:
+    """Base64 PNGs by name; empty when matplotlib is not installed."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return {}
+    plots: dict[str, str] = {}
+    acc = results["accuracy"]
+    bars = [
+        (label, acc[key]) for label, key in (("float", "float"), ("simulated", "simulated"), ("deployed", "deployed"))
+    ]
+    bars = [(label, value) for label, value in bars if value is not None]
+    if bars:
+        figure, axis = plt.subplots(figsize=(5, 3))
+        axis.bar([b[0] for b in bars], [100 * b[1] for b in bars], color=["#888888", "#3b75af", "#519e3e"][: len(bars)])
+        for index, (_, value) in enumerate(bars):
+            axis.text(index, 100 * value, f"{100 * value:.2f}", ha="center", va="bottom")
+        axis.set_ylabel("top-1 accuracy (%)")
+        axis.set_ylim(0, 105)
+        plots["accuracy"] = _png(figure)
+    errors = results.get("layer_errors") or []
+    if errors:
+        figure, axis = plt.subplots(figsize=(max(6, 0.18 * len(errors)), 3.5))
+        values = [min(e["sqnr_db"], 80.0) for e in errors]
+        colors = ["#3b75af" if e["kind"] == "weight" else "#ef8636" for e in errors]
+        axis.bar(range(len(errors)), values, color=colors)
+        axis.set_xticks(range(len(errors)))
+        axis.set_xticklabels([e["tensor"] for e in errors], rotation=90, fontsize=6)
+        axis.set_ylabel("SQNR (dB, capped at 80)")
+        axis.set_title("quantization error per tensor (blue: weights, orange: activations)")
+        plots["layer_errors"] = _png(figure)
+    artifacts = results["verify"].get("lsb_histograms") or {}
+    if artifacts:
+        figure, axis = plt.subplots(figsize=(5, 3))
+        width = 0.8 / len(artifacts)
+        for index, (key, counts) in enumerate(artifacts.items()):
+            lsbs = sorted(int(k) for k in counts)
+            axis.bar([x + index * width for x in lsbs], [counts[str(x)] for x in lsbs], width=width, label=key)
+        axis.set_xlabel("max LSB difference of a tensor from the simulation")
+        axis.set_ylabel("tensors")
+        axis.legend(fontsize=7)
+        plots["lsb"] = _png(figure)
+    history = results.get("training", {}).get("history") or []
+    if history:
+        figure, loss_axis = plt.subplots(figsize=(5, 3))
+        epochs = [h["epoch"] for h in history]
+        loss_axis.plot(epochs, [h["loss"] for h in history], "o-", color="#3b75af", label="loss")
+        loss_axis.set_xlabel("epoch")
+        loss_axis.set_ylabel("mean training loss")
+        if any(h["accuracy"] is not None for h in history):
+            accuracy_axis = loss_axis.twinx()
+            accuracy_axis.plot(epochs, [100 * (h["accuracy"] or 0) for h in history], "s--", color="#519e3e")
+            accuracy_axis.set_ylabel("simulated accuracy (%)")
+        plots["training"] = _png(figure)
+    return plots
+
+
+def lsb_histogram(report: Any) -> dict[str, dict[str, int]]:
+    """Per artifact: how many quantized tensors differ from the simulation by each max LSB difference."""
+    histograms = {}
+    for key, art in report.artifacts.items():
+        counts = Counter(str(round(d.max_lsb_diff)) for d in art.per_tensor.values() if d.max_lsb_diff is not None)
+        if counts:
+            histograms[key] = dict(sorted(counts.items(), key=lambda item: int(item[0])))
+    return histograms
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.2f} %"
+
+
+def _db(value: float) -> str:
+    return "exact" if math.isinf(value) else f"{value:.1f}"
+
+
+def render_markdown(results: dict[str, Any]) -> str:
+    """``report.md``: the report's tables."""
+    acc = results["accuracy"]
+    lines = [
+        f"# {results['command']} run: {results['model']} on {results['backend']}",
+        "",
+        f"Data: {results['data']['source']} ({results['data']['calibration_samples']} calibration samples, "
+        f"{results['data']['val_samples']} validation samples). Method: {results['method']}.",
+        "",
+        "| model | top-1 accuracy |",
+        "| --- | --- |",
+        f"| float | {_pct(acc['float'])} |",
+        f"| simulated (fake quantization) | {_pct(acc['simulated'])} |",
+        f"| deployed ({acc.get('deployed_artifact') or '-'}, on its runtime) | {_pct(acc['deployed'])} |",
+        "",
+    ]
+    history = results.get("training", {}).get("history")
+    if history:
+        lines += ["## Training", "", "| epoch | mean loss | simulated accuracy |", "| --- | --- | --- |"]
+        lines += [f"| {h['epoch']} | {h['loss']:.4f} | {_pct(h['accuracy'])} |" for h in history]
+        lines.append("")
+    errors = results.get("layer_errors") or []
+    if errors:
+        lines += [
+            "## Quantization error per tensor",
+            "",
+            "| tensor | kind | bits | SQNR (dB) |",
+            "| --- | --- | --- | --- |",
+        ]
+        lines += [f"| {e['tensor']} | {e['kind']} | {e['bits']} | {_db(e['sqnr_db'])} |" for e in errors]
+        lines.append("")
+    verify = results["verify"]
+    lines += [
+        f"## Verification ({verify['samples']} samples, tolerance {verify['tolerance']} LSB)",
+        "",
+        "| artifact | runtime | max LSB difference | exact |",
+        "| --- | --- | --- | --- |",
+    ]
+    for key, art in verify["artifacts"].items():
+        lines.append(f"| {key} | {art['runtime']} | {art['max_lsb_diff']:.3g} | {100 * art['exact_fraction']:.1f} % |")
+    lines += ["", f"Verdict: {'passed' if verify['passed'] else 'FAILED'}.", ""]
+    if verify["failures"]:
+        lines += [*[f"- {line}" for line in verify["failures"]], ""]
+    lines += [
+        results["host"],
+        "",
+        "Timings (s): " + ", ".join(f"{k} {v:.1f}" for k, v in results["seconds"].items()),
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in rows)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def render_html(results: dict[str, Any]) -> str:
+    """``report.html``: one file, plots embedded."""
+    plots = _plots(results)
+    acc = results["accuracy"]
+
+    def image(name: str, alt: str) -> str:
+        if name not in plots:
+            return ""
+        return f'<img id="plot-{name}" alt="{html.escape(alt)}" src="data:image/png;base64,{plots[name]}">'
+
+    parts = [
+        f"<h1>{html.escape(results['command'])} run: {html.escape(results['model'])} on "
+        f"{html.escape(results['backend'])}</h1>",
+        f"<p>Data: {html.escape(results['data']['source'])}; method: {html.escape(results['method'])}.</p>",
+        "<h2>Accuracy</h2>",
+        _table(
+            ["model", "top-1 accuracy"],
+            [
+                ["float", _pct(acc["float"])],
+                ["simulated", _pct(acc["simulated"])],
+                [f"deployed ({acc.get('deployed_artifact') or '-'})", _pct(acc["deployed"])],
+            ],
+        ),
+        image("accuracy", "accuracy of the float, simulated and deployed models"),
+    ]
+    history = results.get("training", {}).get("history") or []
+    if history:
+        rows = [[str(h["epoch"]), f"{h['loss']:.4f}", _pct(h["accuracy"])] for h in history]
+        parts += ["<h2>Training</h2>", _table(["epoch", "mean loss", "simulated accuracy"], rows)]
+        parts.append(image("training", "training loss and accuracy per epoch"))
+    errors = results.get("layer_errors") or []
+    if errors:
+        rows = [[e["tensor"], e["kind"], str(e["bits"]), _db(e["sqnr_db"])] for e in errors]
+        parts += ["<h2>Quantization error per tensor</h2>", image("layer_errors", "SQNR of every quantized tensor")]
+        parts.append(_table(["tensor", "kind", "bits", "SQNR (dB)"], rows))
+    verify = results["verify"]
+    rows = [
+        [key, art["runtime"], f"{art['max_lsb_diff']:.3g}", f"{100 * art['exact_fraction']:.1f} %"]
+        for key, art in verify["artifacts"].items()
+    ]
+    parts += [
+        f"<h2>Verification ({verify['samples']} samples, tolerance {verify['tolerance']} LSB): "
+        f"{'passed' if verify['passed'] else 'FAILED'}</h2>",
+        _table(["artifact", "runtime", "max LSB difference", "exact"], rows),
+        image("lsb", "tensors by their max LSB difference from the simulation"),
+    ]
+    if verify["failures"]:
+        parts.append("<ul>" + "".join(f"<li>{html.escape(line)}</li>" for line in verify["failures"]) + "</ul>")
+    facts = results.get("host_facts") or {}
+    fact_rows = [[str(k), str(v)] for k, v in facts.items() if k != "runtimes"]
+    fact_rows += [[f"runtime {k}", str(v)] for k, v in (facts.get("runtimes") or {}).items()]
+    parts += ["<h2>Host</h2>", f"<p>{html.escape(results['host'])}</p>", _table(["fact", "value"], fact_rows)]
+    parts.append("<p>Timings (s): " + html.escape(", ".join(f"{k} {v:.1f}" for k, v in results["seconds"].items())))
+    style = (
+        "body{font-family:sans-serif;max-width:1100px;margin:2em auto;color:#222}"
+        "table{border-collapse:collapse;margin:0.5em 0}td,th{border:1px solid #ccc;padding:2px 8px;text-align:left}"
+        "img{max-width:100%;display:block;margin:0.5em 0}"
+    )
+    return (
+        f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>mqbench {html.escape(results["command"])} '
+        f"report</title><style>{style}</style></head><body>{''.join(parts)}</body></html>\n"
+    )
