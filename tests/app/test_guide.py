@@ -1,0 +1,98 @@
+"""docs/your_own_model.md, executed: its YAML files written, its commands run in order, in a folder that
+holds what the guide assumes a user has (a model package, a checkpoint, an image folder)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from mqbench.data import load_digits_split
+
+ROOT = Path(__file__).resolve().parents[2]
+GUIDE = ROOT / "docs" / "your_own_model.md"
+
+USER_MODELS = """
+from torch import nn
+
+
+def small_cnn(num_classes=10, width=8):
+    return nn.Sequential(
+        nn.Conv2d(3, width, 3, padding=1), nn.BatchNorm2d(width), nn.ReLU(),
+        nn.Conv2d(width, width, 3, padding=1, stride=2), nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(width, num_classes),
+    )
+"""
+
+
+def _user_files(folder: Path) -> None:
+    from PIL import Image
+
+    package = folder / "my_models"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "nets.py").write_text(USER_MODELS)
+    sys.path.insert(0, str(folder))
+    try:
+        from my_models.nets import small_cnn
+    finally:
+        sys.path.remove(str(folder))
+        sys.modules.pop("my_models.nets", None)
+        sys.modules.pop("my_models", None)
+    torch.manual_seed(0)
+    (folder / "checkpoints").mkdir()
+    torch.save(small_cnn(num_classes=3, width=8).state_dict(), folder / "checkpoints" / "small_cnn.pt")
+    train, test = load_digits_split()
+    for split, data in (("train", train), ("val", test)):
+        for index in range(120):
+            label = int(data.labels[index])
+            if label not in (0, 1, 7):
+                continue
+            target = folder / "data" / "digits_folder" / split / f"digit_{label}"
+            target.mkdir(parents=True, exist_ok=True)
+            pixels = (data.images[index, 0].numpy() * 255).round().astype(np.uint8)
+            Image.fromarray(pixels, mode="L").resize((24, 20)).save(target / f"{index:04d}.png")
+
+
+def _command(line: str) -> list[str]:
+    words = shlex.split(line)
+    if words[0] == "mqbench":
+        return [sys.executable, "-m", "mqbench", *words[1:]]
+    if words[0] == "torchrun":
+        return [sys.executable, "-m", "torch.distributed.run", *words[1:]]
+    if words[0] == "python":
+        return [sys.executable, *words[1:]]
+    raise AssertionError(f"the guide runs a command the test does not know: {line}")
+
+
+def test_the_guide_runs_as_written(tmp_path):
+    text = GUIDE.read_text()
+    shutil.copytree(ROOT / "examples", tmp_path / "examples")
+    _user_files(tmp_path)
+    blocks = re.findall(r"```(yaml|bash)\n(.*?)```", text, flags=re.S)
+    assert [kind for kind, _ in blocks] == ["bash", "yaml", "bash", "yaml", "bash"]
+    environment = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(tmp_path)}
+    for kind, body in blocks:
+        if kind == "yaml":
+            name = re.match(r"# file: (\S+)\n", body).group(1)
+            (tmp_path / name).write_text(body)
+            continue
+        for line in body.strip().splitlines():
+            done = subprocess.run(
+                _command(line), cwd=tmp_path, env=environment, capture_output=True, text=True, timeout=600
+            )
+            assert done.returncode == 0, f"{line}\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}"
+    for run in ("ptq_resnet18", "my_ptq", "my_qat"):
+        results = json.loads((tmp_path / "runs" / run / "results.json").read_text())
+        assert results["status"] == "finished" and results["verify"]["passed"], run
+        assert (tmp_path / "runs" / run / "report.html").is_file()
+    qat = json.loads((tmp_path / "runs" / "my_qat" / "results.json").read_text())
+    assert qat["training"]["processes"] == 2 and len(qat["training"]["history"]) == 2
