@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from mqbench import __version__
 
@@ -76,7 +77,16 @@ def build_parser() -> argparse.ArgumentParser:
             "is data parallel (gloo on CPUs, NCCL on GPUs); rank 0 writes the run folder."
         ),
     )
-    for command in (ptq, qat):
+    bench = commands.add_parser(
+        "bench",
+        help="a matrix of backends x methods x models: accuracy simulated and deployed, verify LSB, latency",
+        description=(
+            "Run every combination of a bench configuration (a run configuration plus a bench section: models, "
+            "backends, methods, latency_repeats) as mqbench ptq runs, and write the matrix as bench.md, "
+            "bench.json and bench.png. Exits with 1 if any combination fails verification."
+        ),
+    )
+    for command in (ptq, qat, bench):
         command.add_argument("--config", required=True, help="the YAML configuration (see examples/)")
         command.add_argument("--output", required=True, help="the run folder (created; files in it are replaced)")
         command.add_argument("--quiet", action="store_true", help="no progress bars or log lines, only the summary")
@@ -132,6 +142,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
         except (ValueError, FileNotFoundError) as error:
             parser.error(str(error))
+    if args.command == "bench":
+        from mqbench.app.bench import run_bench
+        from mqbench.app.config import ConfigError
+        from mqbench.utils.logger import logger
+
+        if args.quiet:
+            logger.setLevel("WARNING")
+        try:
+            payload = run_bench(args.config, args.output, quiet=args.quiet)
+        except ConfigError as error:
+            parser.error(str(error))
+        print((Path(args.output) / "bench.md").read_text())
+        return 0 if all(row["verified"] for row in payload["rows"]) else 1
     if args.command in ("ptq", "qat"):
         # imported when the command runs: `mqbench --help` answers without loading torch
         from mqbench.app.config import ConfigError

@@ -20,7 +20,7 @@ from mqbench.advanced_ptq import calibrate, ptq_reconstruction
 from mqbench.app.config import ConfigError
 from mqbench.app.runs import Run, execute
 
-__all__ = ["run_ptq"]
+__all__ = ["run_ptq", "run_ptq_with_handles"]
 
 
 def _quantize(run: Run, model: nn.Module) -> nn.Module:
@@ -42,6 +42,14 @@ def _quantize(run: Run, model: nn.Module) -> nn.Module:
     return qmodel
 
 
-def run_ptq(config_path: str | Path, output: str | Path, quiet: bool = False) -> dict[str, Any]:
+def run_ptq(config_path: str | Path | dict[str, Any], output: str | Path, quiet: bool = False) -> dict[str, Any]:
     """Run the PTQ configuration ``config_path`` into the folder ``output``; returns ``results.json``'s content."""
     return execute("PTQ", config_path, output, _quantize, quiet)
+
+
+def run_ptq_with_handles(
+    config: dict[str, Any], output: str | Path, quiet: bool = False
+) -> tuple[dict[str, Any], dict]:
+    """:func:`run_ptq` of a checked configuration, also returning the deployment and a validation sample."""
+    handles: dict[str, Any] = {}
+    return execute("PTQ", config, output, _quantize, quiet, handles), handles

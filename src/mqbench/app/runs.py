@@ -150,18 +150,28 @@ Quantize = Callable[[Run, nn.Module], nn.Module]
 
 
 def execute(
-    command: str, config_path: str | Path, output: str | Path, quantize: Quantize, quiet: bool
+    command: str,
+    config_path: str | Path | dict[str, Any],
+    output: str | Path,
+    quantize: Quantize,
+    quiet: bool,
+    handles: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Run ``config_path`` with the quantization step ``quantize(run, float_model) -> quantized model``.
 
-    Returns ``results.json``'s content (on every rank; only rank 0 writes and deploys).
+    ``config_path`` is a YAML file or an already checked configuration (:func:`parse_config`'s result).
+    Returns ``results.json``'s content (on every rank; only rank 0 writes and deploys). ``handles``, when
+    given, receives the ``DeployResult`` (``deploy_result``) and one validation sample as NumPy
+    (``sample``), for callers that go on measuring the deployed model.
     """
-    config = load_config(config_path)
+    config = config_path if isinstance(config_path, dict) else load_config(config_path)
+    if isinstance(config_path, dict):
+        config_path = "<configuration>"
     processes = Processes.from_env()
     folder = RunFolder(output) if processes.main else None
     results: dict[str, Any] = {"status": "running", "command": command, "config": str(config_path)}
     try:
-        return _execute(config, folder, processes, results, quantize, quiet)
+        return _execute(config, folder, processes, results, quantize, quiet, handles)
     except KeyboardInterrupt:
         if folder is not None:
             folder.write_json("results.json", {**results, "status": "interrupted"})
@@ -182,6 +192,7 @@ def _execute(
     results: dict[str, Any],
     quantize: Quantize,
     quiet: bool,
+    handles: dict[str, Any] | None,
 ) -> dict[str, Any]:
     import yaml
 
@@ -262,6 +273,8 @@ def _execute(
         "artifacts": {key: str(path) for key, path in check.result.artifacts.items()},
         "seconds": run.seconds,
     }
+    if handles is not None:
+        handles |= {"deploy_result": check.result, "sample": samples[:1].numpy()}
     folder.write_text("report.md", render_markdown(results))
     folder.write_text("report.html", render_html(results))
     folder.write_json("results.json", results)
