@@ -31,12 +31,14 @@ import torch
 from torch import Tensor, fx, nn
 from tqdm.auto import tqdm
 
-from mqbench.app.check import deploy_and_verify, deployed_runner
+from mqbench.app.check import DeployCheck, deployed_runner
 from mqbench.app.config import ConfigError, load_config
 from mqbench.app.distributed import Processes
 from mqbench.app.report import layer_errors, lsb_histogram, render_html, render_markdown
 from mqbench.app.sources import Data, load_data, load_model
 from mqbench.backends import BackendSpec, resolve_backend
+from mqbench.convert_deploy import convert_deploy
+from mqbench.deploy.verify import verify_deploy
 from mqbench.prepare_by_platform import prepare_by_platform
 from mqbench.utils.host import describe_host, host_facts
 from mqbench.utils.logger import logger
@@ -241,7 +243,21 @@ def _execute(
     deploy_folder = Path(deploy["output_path"]) if deploy["output_path"] else folder.path / "deploy"
     samples = val[: config["quantize"]["verify_samples"]]
     logger.info("deploying for %s into %s and verifying on %d samples", spec.name, deploy_folder, len(samples))
-    check = deploy_and_verify(qmodel, spec, samples, deploy_folder, deploy["model_name"])
+    with tqdm(total=2, desc=f"deploy for {spec.name}", disable=quiet, leave=False) as bar:
+        result = convert_deploy(
+            qmodel,
+            spec,
+            {"x": [1, *samples.shape[1:]]},
+            output_path=deploy_folder,
+            model_name=deploy["model_name"],
+            deploy_to_qlinear=deploy["deploy_to_qlinear"],
+            dynamic_axes={"x": {0: "batch"}},
+        )
+        bar.set_description(f"verify {len(result.artifacts)} artifact(s)")
+        bar.update()
+        report = verify_deploy(qmodel, result, samples)
+        bar.update()
+    check = DeployCheck(spec.name, result, report, spec.lsb_tolerance)
     folder.write_text("verify.txt", check.report.summary() + "\n")
     run.seconds["deploy and verify"] = time.perf_counter() - started
 
