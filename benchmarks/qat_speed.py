@@ -38,20 +38,10 @@ from mqbench.models import resnet18
 from mqbench.prepare_by_platform import prepare_by_platform
 from mqbench.utils.host import describe_host
 from mqbench.utils.state import enable_calibration, enable_quantization
+from prepare_speed import sgd_step
 
 BATCH, SIZE, THREADS = 16, 112, 2
 TARGET = 1.2
-
-
-def sgd_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor):
-    optimizer = torch.optim.SGD(model.parameters(), lr=1e-4, momentum=0.9)
-
-    def run() -> None:
-        optimizer.zero_grad(set_to_none=True)
-        nn.functional.cross_entropy(model(x), y).backward()
-        optimizer.step()
-
-    return run
 
 
 def qat_model(backend: str, x: torch.Tensor) -> nn.Module:

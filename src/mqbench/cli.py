@@ -142,42 +142,39 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
         except (ValueError, FileNotFoundError) as error:
             parser.error(str(error))
-    if args.command == "bench":
-        from mqbench.app.bench import run_bench
-        from mqbench.app.config import ConfigError
-        from mqbench.utils.logger import logger
-
-        if args.quiet:
-            logger.setLevel("WARNING")
-        try:
-            payload = run_bench(args.config, args.output, quiet=args.quiet)
-        except ConfigError as error:
-            parser.error(str(error))
-        print((Path(args.output) / "bench.md").read_text())
-        return 0 if all(row["verified"] for row in payload["rows"]) else 1
-    if args.command in ("ptq", "qat"):
-        # imported when the command runs: `mqbench --help` answers without loading torch
-        from mqbench.app.config import ConfigError
-        from mqbench.app.runs import describe_results
-        from mqbench.utils.logger import logger
-
-        if args.command == "ptq":
-            from mqbench.app.ptq import run_ptq as run
-        else:
-            from mqbench.app.qat import run_qat as run
-        if args.quiet:
-            logger.setLevel("WARNING")
-        try:
-            results = run(args.config, args.output, quiet=args.quiet)
-        except ConfigError as error:
-            parser.error(str(error))
-        if "verify" not in results:  # a rank other than 0
-            return 0
-        print(describe_results(results))
-        print(f"run folder: {args.output} (report.md, results.json, deploy/)")
-        return 0 if results["verify"]["passed"] else 1
+    if args.command in ("ptq", "qat", "bench"):
+        return _run_command(parser, args)
     parser.print_help()
     return 0
+
+
+def _run_command(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """``mqbench ptq / qat / bench``: a configuration run; exit status 1 when a verification failed."""
+    # imported when the command runs: `mqbench --help` answers without loading torch
+    from mqbench.app.config import ConfigError
+    from mqbench.utils.logger import logger
+
+    if args.quiet:
+        logger.setLevel("WARNING")
+    try:
+        if args.command == "bench":
+            from mqbench.app.bench import run_bench
+
+            payload = run_bench(args.config, args.output, quiet=args.quiet)
+            print((Path(args.output) / "bench.md").read_text())
+            return 0 if all(row["verified"] for row in payload["rows"]) else 1
+        from mqbench.app.ptq import run_ptq
+        from mqbench.app.qat import run_qat
+        from mqbench.app.runs import describe_results
+
+        results = (run_ptq if args.command == "ptq" else run_qat)(args.config, args.output, quiet=args.quiet)
+    except ConfigError as error:
+        parser.error(str(error))
+    if "verify" not in results:  # a rank other than 0
+        return 0
+    print(describe_results(results))
+    print(f"run folder: {args.output} (report.md, results.json, deploy/)")
+    return 0 if results["verify"]["passed"] else 1
 
 
 if __name__ == "__main__":

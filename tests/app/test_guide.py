@@ -16,21 +16,10 @@ import numpy as np
 import torch
 
 from mqbench.data import load_digits_split
+from run_helpers import SMALL_CNN_SOURCE
 
 ROOT = Path(__file__).resolve().parents[2]
 GUIDE = ROOT / "docs" / "your_own_model.md"
-
-USER_MODELS = """
-from torch import nn
-
-
-def small_cnn(num_classes=10, width=8):
-    return nn.Sequential(
-        nn.Conv2d(3, width, 3, padding=1), nn.BatchNorm2d(width), nn.ReLU(),
-        nn.Conv2d(width, width, 3, padding=1, stride=2), nn.ReLU(),
-        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(width, num_classes),
-    )
-"""
 
 
 def _user_files(folder: Path) -> None:
@@ -39,7 +28,7 @@ def _user_files(folder: Path) -> None:
     package = folder / "my_models"
     package.mkdir()
     (package / "__init__.py").write_text("")
-    (package / "nets.py").write_text(USER_MODELS)
+    (package / "nets.py").write_text(SMALL_CNN_SOURCE)
     sys.path.insert(0, str(folder))
     try:
         from my_models.nets import small_cnn

@@ -21,6 +21,7 @@ from mqbench.cli import main
 from mqbench.data import load_digits_split
 from mqbench.models.zoo import digits_rgb, zoo_model
 from mqbench.prepare_by_platform import prepare_by_platform
+from run_helpers import SMALL_CNN_SOURCE
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
@@ -148,20 +149,6 @@ def _write_images(root: Path, split: str, images: torch.Tensor, labels: torch.Te
         Image.fromarray(pixels, mode="L").resize((24, 20)).save(folder / f"{index:04d}.png")
 
 
-USER_MODEL = """
-import torch
-from torch import nn
-
-
-def small_cnn(num_classes=10, width=8):
-    return nn.Sequential(
-        nn.Conv2d(3, width, 3, padding=1), nn.BatchNorm2d(width), nn.ReLU(),
-        nn.Conv2d(width, width, 3, padding=1, stride=2), nn.ReLU(),
-        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(width, num_classes),
-    )
-"""
-
-
 def test_a_user_model_checkpoint_and_image_folder(tmp_path, monkeypatch):
     from PIL import Image
 
@@ -173,7 +160,7 @@ def test_a_user_model_checkpoint_and_image_folder(tmp_path, monkeypatch):
     package = tmp_path / "my_models"
     package.mkdir()
     (package / "__init__.py").write_text("")
-    (package / "nets.py").write_text(USER_MODEL)
+    (package / "nets.py").write_text(SMALL_CNN_SOURCE)
     monkeypatch.chdir(tmp_path)  # the working directory is importable, as for `python -m`
     monkeypatch.syspath_prepend(str(tmp_path))
     from my_models.nets import small_cnn
