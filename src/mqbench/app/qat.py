@@ -15,6 +15,7 @@ Under ``torchrun --nproc_per_node N -m mqbench qat ...`` the training is data pa
 
 from __future__ import annotations
 
+import copy
 import statistics
 import time
 from pathlib import Path
@@ -87,7 +88,7 @@ def _quantize(run: Run, model: nn.Module) -> nn.Module:
     run.extra["method"] = "qat"
 
     started = time.perf_counter()
-    qmodel = run.prepare(model.train())
+    qmodel = run.prepare(copy.deepcopy(model).train())  # the float model (a shared zoo instance) keeps its mode
     qmodel.eval()
     enable_calibration(qmodel)
     if processes.main:  # rank 0 calibrates on the whole set; the others get its state
