@@ -256,3 +256,31 @@ def test_a_backend_or_prepare_option_that_does_not_exist_is_a_usage_error_and_th
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
     assert json.loads((tmp_path / "run" / "results.json").read_text())["status"] == "failed"
+
+
+def test_mqbench_s_imagenet_configs_parse_as_they_ship():
+    """The layout of MQBench's configs/{adaround,brecq,qdrop}/r18_2_4.yaml with their ImageNet sections."""
+    from advanced_ptq.test_mqbench_ptq_script import CONFIG, METHODS
+    from mqbench.advanced_ptq import ReconstructionConfig
+
+    imagenet = """
+    model:
+        type: resnet18
+        kwargs:
+            num_classes: 1000
+        path: /path-of-pretrained
+    data:
+        path: /path-of-imagenet
+        batch_size: 64
+        num_workers: 4
+        pin_memory: True
+        input_size: 224
+        test_resize: 256
+    """
+    for method in METHODS.values():
+        text = CONFIG.format(**method, output="./").split("model:")[0] + textwrap.dedent(imagenet)
+        raw = yaml.safe_load(text)
+        raw["quantize"]["backend"] = "Academic"
+        config = parse_config(raw, "r18_2_4.yaml")
+        assert config["data"]["input_size"] == 224 and config["model"]["kwargs"] == {"num_classes": 1000}
+        ReconstructionConfig.from_mapping(config["quantize"]["reconstruction"])  # every key known

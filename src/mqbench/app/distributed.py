@@ -118,9 +118,8 @@ class DistributedBatchNorm(nn.BatchNorm2d):
 
     Per channel, the sum and the sum of squares of the local batch are all-reduced by a differentiable
     sum (its backward all-reduces the gradients), so forward and backward are those of BatchNorm on
-    the global batch. Running
-    statistics are updated as BatchNorm does (unbiased variance, ``momentum``). Any input rank with
-    channels on dimension 1 (BatchNorm1d/2d/3d).
+    the global batch. Running statistics are updated as BatchNorm does (unbiased variance,
+    ``momentum``). Any input rank with channels on dimension 1 (BatchNorm1d/2d/3d).
     """
 
     original_class: type[nn.modules.batchnorm._BatchNorm] = nn.BatchNorm2d  # what restore_batch_norm puts back
