@@ -228,7 +228,8 @@ def test_a_model_that_cannot_be_built_is_a_usage_error(model, message, tmp_path,
 
 def test_the_shipped_qdrop_example_reconstructs_deploys_and_verifies(tmp_path):
     raw = yaml.safe_load((EXAMPLES / "ptq_qdrop_resnet18_digits.yaml").read_text())
-    raw["quantize"]["reconstruction"]["max_count"] = 20  # the example's recipe, shortened for the suite
+    raw["quantize"]["reconstruction"]["max_count"] = 10  # the example's recipe, shortened for the suite
+    raw["quantize"]["cali_batchsize"] = 1
     config = tmp_path / "qdrop.yaml"
     config.write_text(yaml.safe_dump(raw))
     run = tmp_path / "run"

@@ -31,7 +31,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+import yaml
+
+from mqbench.app.check import deployed_runner
 from mqbench.app.config import QUANTIZE_TYPES, ConfigError, parse_config
+from mqbench.app.ptq import run_ptq_with_handles
 from mqbench.app.runs import RunFolder
 
 __all__ = ["BENCH_DEFAULTS", "run_bench", "split_bench"]
@@ -65,8 +69,6 @@ def split_bench(raw: Any, source: str = "<config>") -> tuple[dict[str, Any], dic
 
 def _latency_ms(handles: dict[str, Any], repeats: int) -> float:
     """Median milliseconds of one sample through the deployed model on its runtime."""
-    from mqbench.app.check import deployed_runner
-
     _, runner = deployed_runner(handles["deploy_result"])
     sample = handles["sample"]
     for _ in range(3):
@@ -81,10 +83,6 @@ def _latency_ms(handles: dict[str, Any], repeats: int) -> float:
 
 def run_bench(config_path: str | Path, output: str | Path, quiet: bool = False) -> dict[str, Any]:
     """Run every combination of the bench configuration ``config_path`` into ``output``; returns ``bench.json``."""
-    import yaml
-
-    from mqbench.app.ptq import run_ptq_with_handles
-
     file = Path(config_path)
     if not file.is_file():
         raise ConfigError(f"{file}: no such configuration file")
