@@ -88,6 +88,9 @@ def test_a_run_folder_file_is_whole_or_absent(tmp_path):
 def _onnx_accuracy(path: Path, images: torch.Tensor, labels: torch.Tensor) -> float:
     options = ort.SessionOptions()
     options.intra_op_num_threads = 2
+    # as written (float ops on dequantized values): a TensorRT Q/DQ model stands for its hardware, and
+    # onnxruntime's fused int8 kernels would add this CPU's saturation (no VNNI) to the comparison
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
     name = session.get_inputs()[0].name
     logits = np.concatenate(
