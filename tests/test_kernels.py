@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from mqbench import kernels
+from mqbench.fake_quantize import NNIEFakeQuantize
 from mqbench.functional import fake_quantize, learnable_fake_quantize
 
 
@@ -103,3 +104,42 @@ def test_learnable_with_dropped_elements(path, axis):
     np.testing.assert_allclose(scale_t.grad.numpy(), expected_scale, rtol=1e-4, atol=1e-4)
     zero_grad = np.where(kept & ~inside, -grad * s, 0.0).sum(reduce_axes)
     np.testing.assert_allclose(zero_t.grad.numpy(), 0.5 * zero_grad, rtol=1e-4, atol=1e-4)
+
+
+def log_grid_reference(x, data_max):
+    """The logarithmic grid's formula in float64 NumPy (log2 and powers of 2 written out)."""
+    x = np.asarray(x, np.float64)
+    z = np.round(16 * np.log2(np.float64(data_max))) - 127
+    with np.errstate(divide="ignore", invalid="ignore"):
+        n = np.round(16 * np.log2(np.abs(x)))
+    positive = x > 0
+    k = np.clip(np.maximum(n - z, np.where(positive, 0, 1)), None, 127)
+    level = (2.0 ** ((k + z) / 16)).astype(np.float32).astype(np.float64)
+    threshold = (2.0 ** ((z - 16 + np.where(positive, 0, 1)) / 16)).astype(np.float32).astype(np.float64)
+    keep = np.abs(x) >= threshold
+    return np.where(keep, np.where(positive, level, -level), 0.0).astype(np.float32)
+
+
+def boundary_neighbours():
+    """The float32 values within 3 ULP of every rounding boundary 2^((j - 1/2) / 16) of 120 octaves, both signs."""
+    exact = np.array([2.0**e * 2.0 ** ((j - 0.5) / 16) for e in range(-60, 60) for j in range(1, 17)])
+    bits = exact.astype(np.float32).view(np.int32)
+    near = (bits[:, None] + np.arange(-3, 4)[None, :]).reshape(-1).view(np.float32)
+    return np.concatenate([near, -near, np.array([0.0, -0.0, np.inf, -np.inf], np.float32)])
+
+
+@pytest.mark.parametrize("data_max", [1e-20, 0.01, 0.37, 1.0, 8.0, 1000.0, 3e15])
+def test_log_grid_forward(path, data_max):
+    """Every rounding boundary's neighbours and a wide random spread land on the formula's level; the
+    gradient is straight through."""
+    generator = np.random.default_rng(3)
+    spread = (generator.standard_normal(20000) * data_max * np.exp(generator.uniform(-8, 2, 20000))).astype(np.float32)
+    x = np.concatenate([boundary_neighbours(), spread])
+    fq = NNIEFakeQuantize()
+    fq.disable_observer()
+    fq.data_max.fill_(data_max)
+    t = torch.from_numpy(x).requires_grad_()
+    out = fq(t)
+    np.testing.assert_array_equal(out.detach().numpy(), log_grid_reference(x, fq.data_max.item()))
+    out.backward(torch.ones_like(out))
+    np.testing.assert_array_equal(t.grad.numpy(), np.ones_like(x))

@@ -37,6 +37,7 @@ import onnx
 import torch
 from torch import Tensor
 
+from mqbench import kernels
 from mqbench.functional import fake_quantize
 from mqbench.utils.registry import Registry
 
@@ -127,6 +128,34 @@ def _power_of_2_sixteenths(m: Tensor) -> Tensor:
     return torch.pow(2.0, m / 16.0).float().double()
 
 
+# The first 23-bit mantissa t with 1 + t / 2^23 above 2 ** ((j - 1/2) / 16), j = 1..16: the
+# mantissas at which round(16 log2|x|) steps up within an octave (used by the fused kernel).
+_MANTISSA_BOUNDS = torch.tensor(
+    [math.ceil((2.0 ** ((j - 0.5) / 16.0) - 1.0) * 2**23) for j in range(1, 17)], dtype=torch.int32
+)
+_NORMAL = torch.finfo(torch.float32).tiny
+
+
+def nnie_quantize_fused(x: Tensor, data_max: Tensor) -> Tensor:
+    """:func:`nnie_quantize` with the same result in one pass over ``x`` (the fused CPU kernel).
+
+    Falls back to :func:`nnie_quantize` where the kernel does not apply (not float32 on the CPU,
+    kernels unavailable, or a zero threshold below the smallest normal float), and while tracing
+    or exporting, which record :func:`nnie_quantize`'s ops.
+    """
+    tracing = torch.jit.is_tracing() or torch.onnx.is_in_onnx_export() or torch.compiler.is_compiling()
+    if tracing or not kernels.usable(x) or data_max.numel() != 1:
+        return nnie_quantize(x, data_max)
+    z = exponent_offset(data_max)
+    levels = _power_of_2_sixteenths(z + torch.arange(128, dtype=torch.float64, device=z.device))
+    zero_positive, zero_negative = _power_of_2_sixteenths(z - 16.0 + torch.tensor([0.0, 1.0], dtype=torch.float64))
+    if float(zero_positive) < _NORMAL:
+        return nnie_quantize(x, data_max)
+    return kernels.module().log_grid_forward(
+        x, int(z), levels.float(), _MANTISSA_BOUNDS, float(zero_positive), float(zero_negative)
+    )
+
+
 def nnie_quantize(x: Tensor, data_max: Tensor) -> Tensor:
     """NNIE's log-domain fake quantization (ONNX-exportable ops only; computed in float64).
 
@@ -165,7 +194,7 @@ class LogGrid(Grid):
         return {"scale": quantizer.scale, "zero_point": quantizer.zero_point, "data_max": quantizer.data_max}
 
     def simulate(self, entry: TensorQParams, x: Tensor) -> Tensor:
-        return nnie_quantize(x, torch.tensor([entry.data_max], dtype=torch.float32, device=x.device))
+        return nnie_quantize_fused(x, torch.tensor([entry.data_max], dtype=torch.float32, device=x.device))
 
     def steps(self, entry: TensorQParams, values: np.ndarray) -> np.ndarray:
         """``sign(x) * (k + 1)`` for level ``k`` and 0 for zero: one LSB is one level (or the step to zero)."""

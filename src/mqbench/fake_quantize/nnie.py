@@ -8,7 +8,7 @@ import torch
 from torch import Tensor
 
 from mqbench.fake_quantize.quantize_base import QuantizeBase
-from mqbench.grids import exponent_offset, nnie_quantize
+from mqbench.grids import exponent_offset, nnie_quantize, nnie_quantize_fused
 from mqbench.observer import MinMaxObserver
 
 __all__ = ["NNIEFakeQuantize", "exponent_offset", "nnie_quantize"]
@@ -17,7 +17,7 @@ __all__ = ["NNIEFakeQuantize", "exponent_offset", "nnie_quantize"]
 class _NNIEQuantizeSTE(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: Tensor, data_max: Tensor) -> Tensor:  # type: ignore[override]
-        return nnie_quantize(x, data_max)
+        return nnie_quantize_fused(x, data_max)
 
     @staticmethod
     def backward(ctx, grad: Tensor):  # type: ignore[override]

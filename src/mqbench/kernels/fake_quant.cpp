@@ -325,6 +325,52 @@ std::vector<torch::Tensor> pact_backward(torch::Tensor grad, torch::Tensor x, do
   return {grad_x, partial_alpha.sum().to(torch::kFloat).reshape({1})};
 }
 
+
+// The 8-bit logarithmic grid (mqbench.grids.nnie_quantize) without log or pow: for a normal
+// float |x| = 2^e (1 + t / 2^23), round(16 log2|x|) = 16 e + #{j : t >= mantissa_bounds[j]}, where
+// mantissa_bounds[j] is the first 23-bit mantissa at or above 2^((j - 1/2) / 16) (j = 1..16;
+// those bounds are irrational, so no float lies on one). levels[k] is the float32 level of code k
+// (2^((k + z) / 16)); below zero_below[0] (x > 0) or zero_below[1] (x <= 0) the result is 0.
+// The caller checks that both thresholds are normal floats, so no subnormal input reaches the count.
+torch::Tensor log_grid_forward(torch::Tensor x, int64_t z, torch::Tensor levels, torch::Tensor mantissa_bounds,
+                               double zero_positive, double zero_negative) {
+  x = x.contiguous();
+  levels = levels.to(torch::kFloat).contiguous();
+  mantissa_bounds = mantissa_bounds.to(torch::kInt).contiguous();
+  TORCH_CHECK(levels.numel() == 128 && mantissa_bounds.numel() == 16, "128 levels and 16 mantissa bounds expected");
+  auto out = torch::empty_like(x);
+  const float* xs = x.data_ptr<float>();
+  float* ys = out.data_ptr<float>();
+  const float* table = levels.data_ptr<float>();
+  int32_t bounds[16];
+  std::memcpy(bounds, mantissa_bounds.data_ptr<int32_t>(), sizeof(bounds));
+  const float zero_pos = static_cast<float>(zero_positive), zero_neg = static_cast<float>(zero_negative);
+  const int32_t offset = static_cast<int32_t>(z);
+  at::parallel_for(0, x.numel(), kGrain, [&](int64_t begin, int64_t end) {
+    const float* x_run = xs;
+    float* y_run = ys;
+    const float* level = table;
+    const float zp = zero_pos, zn = zero_neg;
+    const int32_t zi = offset;
+#pragma omp simd
+    for (int64_t i = begin; i < end; ++i) {
+      const float v = x_run[i];
+      const float magnitude = std::fabs(v);
+      uint32_t bits;
+      std::memcpy(&bits, &magnitude, sizeof(float));
+      const int32_t mantissa = static_cast<int32_t>(bits & 0x7fffffu);
+      int32_t n = 16 * (static_cast<int32_t>(bits >> 23) - 127);
+      for (int j = 0; j < 16; ++j) n += mantissa >= bounds[j] ? 1 : 0;
+      const bool positive = v > 0.f;
+      const int32_t k = std::min(std::max(n - zi, positive ? 0 : 1), 127);
+      const float magnitude_out = level[k];
+      const bool keep = magnitude >= (positive ? zp : zn);
+      y_run[i] = keep ? (positive ? magnitude_out : -magnitude_out) : 0.f;
+    }
+  });
+  return out;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -332,5 +378,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("learnable_forward", &learnable_forward, "learned-scale forward, optionally dropping (output)");
   m.def("learnable_backward", &learnable_backward, "LSQ backward (grad_x, grad_scale sums, grad_zero_point sums)");
   m.def("pact_backward", &pact_backward, "PACT backward (grad_x, grad_alpha sum)");
+  m.def("log_grid_forward", &log_grid_forward, "8-bit logarithmic grid fake quantization (output)");
   m.def("dsq_backward", &dsq_backward, "DSQ soft-staircase backward (grad_x, grad_alpha sum)");
 }
