@@ -204,16 +204,6 @@ def _diff(name: str, entry: TensorQParams | None, sim: np.ndarray, got: np.ndarr
     return TensorDiff(name, entry.quantizer if entry else "", int(sim.size), float(delta.max(initial=0.0)), lsb, exact)
 
 
-def _with_outputs(model: onnx.ModelProto, names: Sequence[str]) -> onnx.ModelProto:
-    model = onnx.ModelProto.FromString(model.SerializeToString())
-    present = {v.name for v in model.graph.output}
-    for name in names:
-        if name not in present:
-            model.graph.output.append(helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None))
-            present.add(name)
-    return model
-
-
 def feeds_for(result: Any, inputs: Sequence[Tensor]) -> dict[str, np.ndarray]:
     """Input arrays keyed by the deployment's input names, in the element types the model declares.
 
@@ -364,7 +354,16 @@ def host_verdict(
 def run_ort(
     model: onnx.ModelProto, feeds: Mapping[str, np.ndarray], names: Sequence[str], optimize: bool
 ) -> dict[str, np.ndarray]:
-    model = _with_outputs(model, names)
-    session = ort_session(model, optimize=optimize)
-    wanted = [v.name for v in model.graph.output]
+    # The extra outputs are added to the caller's model for as long as the session is built (no copy).
+    outputs = model.graph.output
+    kept = len(outputs)
+    present = {v.name for v in outputs}
+    for name in dict.fromkeys(names):
+        if name not in present:
+            outputs.append(helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None))
+    try:
+        wanted = [v.name for v in outputs]
+        session = ort_session(model, optimize=optimize)
+    finally:
+        del outputs[kept:]
     return dict(zip(wanted, session.run(wanted, dict(feeds)), strict=True))

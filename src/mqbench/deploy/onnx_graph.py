@@ -43,9 +43,12 @@ def ort_session(model: onnx.ModelProto | str | Path, threads: int = 2, optimize:
     import onnxruntime as ort
 
     if isinstance(model, onnx.ModelProto):
-        copy = onnx.ModelProto.FromString(model.SerializeToString())
-        copy.ir_version = min(copy.ir_version, ORT_MAX_IR_VERSION)
-        source: bytes | str = copy.SerializeToString()
+        stamped = model.ir_version
+        model.ir_version = min(stamped, ORT_MAX_IR_VERSION)  # serialized with the version lowered, then restored
+        try:
+            source: bytes | str = model.SerializeToString()
+        finally:
+            model.ir_version = stamped
     else:
         source = str(model)
     options = ort.SessionOptions()

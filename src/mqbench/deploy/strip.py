@@ -164,6 +164,7 @@ def strip_quantizers(exported: ExportedGraph) -> tuple[onnx.ModelProto, QParamTa
     entries: dict[str, TensorQParams] = {}
     rewires: list[tuple[str, str, str]] = []
     calls: dict[str, int] = {}
+    readers_of = consumers_of(graph)  # the loop below does not change the graph
     for index, quantizer in enumerate(exported.marks):
         source = _resolve(f"{_IN}{index}", producers, mark_names)
         result = _resolve(f"{_OUT}{index}", producers, mark_names)
@@ -175,7 +176,7 @@ def strip_quantizers(exported: ExportedGraph) -> tuple[onnx.ModelProto, QParamTa
             )
         call = calls.get(quantizer.name, 0)
         calls[quantizer.name] = call + 1
-        readers = consumers_of(graph).get(result, [])
+        readers = readers_of.get(result, [])
         consumers = tuple(n.name for n in readers if not (n.op_type == "Identity" and n.output[0] in mark_names))
         entry = TensorQParams(
             quantizer.scale.numpy(),
@@ -205,13 +206,13 @@ def strip_quantizers(exported: ExportedGraph) -> tuple[onnx.ModelProto, QParamTa
     # Point readers of each quantizer output at its input; graph outputs get an Identity.
     output_names = {v.name for v in graph.output}
     taken = all_names(graph)
-    for result, source, key in rewires:
-        for node in graph.node:
-            for i, name in enumerate(node.input):
-                if name == result:
-                    node.input[i] = source
+    rewiring = _Rewiring([(result, source) for result, source, _ in rewires])
+    rewiring.apply(graph)
+    for position, (result, source, key) in enumerate(rewires):
         if result in output_names and result not in mark_names:
-            identity = make_node("Identity", [source], [result], unique_name(f"{result}_identity", taken))
+            # (an Identity added here would have been rewired by the later pairs)
+            reads = rewiring.final(source, position)
+            identity = make_node("Identity", [reads], [result], unique_name(f"{result}_identity", taken))
             graph.node.append(identity)
             entry = entries[key]
             if entry.consumers is not None:  # the network output reads the quantized value
@@ -234,6 +235,27 @@ def strip_quantizers(exported: ExportedGraph) -> tuple[onnx.ModelProto, QParamTa
     entries = _drop_wrapper_prefix(graph, entries)
     entries = _readable_names(graph, entries)
     return model, QParamTable(entries)
+
+
+class _Rewiring:
+    """Renaming node inputs by a list of (old, new) pairs as applying each in turn to the whole graph would."""
+
+    def __init__(self, rewires: list[tuple[str, str]]) -> None:
+        self.first: dict[str, tuple[int, str]] = {}
+        for index, (old, new) in enumerate(rewires):
+            self.first.setdefault(old, (index, new))
+
+    def final(self, name: str, after: int = -1) -> str:
+        """The name an input ``name`` ends as when the pairs after position ``after`` are applied."""
+        while name in self.first and self.first[name][0] > after:
+            after, name = self.first[name]
+        return name
+
+    def apply(self, graph: onnx.GraphProto) -> None:
+        for node in graph.node:
+            for i, name in enumerate(node.input):
+                if name in self.first:
+                    node.input[i] = self.final(name)
 
 
 def _drop_wrapper_prefix(graph: onnx.GraphProto, entries: dict[str, TensorQParams]) -> dict[str, TensorQParams]:
