@@ -36,7 +36,7 @@ def fidelity_floor(backend: str) -> float:
     return 0.98 if per_channel and linear else 0.95
 
 
-QAT_IMAGES = 32  # the fixed batch QAT fits
+QAT_IMAGES = 16  # the fixed batch QAT fits
 WEIGHTED = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Linear, nn.ConvTranspose2d)
 
 
