@@ -6,7 +6,7 @@ import torch
 
 from mqbench import kernels
 from mqbench.fake_quantize import NNIEFakeQuantize
-from mqbench.functional import fake_quantize, learnable_fake_quantize
+from mqbench.functional import fake_quantize, folded_learnable_fake_quantize, learnable_fake_quantize
 
 
 @pytest.fixture(params=["fused", "pytorch"])
@@ -143,3 +143,43 @@ def test_log_grid_forward(path, data_max):
     np.testing.assert_array_equal(out.detach().numpy(), log_grid_reference(x, fq.data_max.item()))
     out.backward(torch.ones_like(out))
     np.testing.assert_array_equal(t.grad.numpy(), np.ones_like(x))
+
+
+@pytest.mark.parametrize("per_channel", [True, False])
+def test_folded_learnable_forward_and_gradients(path, per_channel):
+    """fq(w f) / f against the formula in float32 (forward, to the bit) and float64 autograd of the
+    formula written here (gradients to w, f, scale and zero point)."""
+    generator = torch.Generator().manual_seed(4)
+    w = torch.randn(12, 5, 3, 3, generator=generator)
+    f = torch.rand(12, generator=generator) * 2 + 0.1
+    channels = 12 if per_channel else 1
+    scale = torch.rand(channels, generator=generator) * 0.05 + 0.02
+    zero = torch.randint(-4, 4, (channels,), generator=generator).float()
+    grad = torch.randn(w.shape, generator=generator)
+    lo, hi, factor = -128, 127, 0.25
+    leaves = [t.clone().requires_grad_() for t in (w, f, scale, zero)]
+    out = folded_learnable_fake_quantize(*leaves, lo, hi, 0 if per_channel else None, factor, 1e-8)
+    out.backward(grad)
+    # forward: the formula in float32 NumPy, in the order the three ops compute it
+    wn, fn, sn, zn = (t.numpy() for t in (w, f, scale, zero))
+    shape = (-1, 1, 1, 1)
+    s_b, z_b, f_b = sn.reshape(shape), zn.reshape(shape), fn.reshape(shape)
+    q = np.round((wn * f_b) / s_b) + z_b
+    expected = ((np.clip(q, lo, hi) - z_b) * s_b) * (np.float32(1.0) / f_b)
+    np.testing.assert_array_equal(out.detach().numpy(), expected.astype(np.float32))
+    # gradients: LSQ's straight-through formula in float64 autograd
+    w64, f64, s64, z64 = (t.double().requires_grad_() for t in (w, f, scale, zero))
+    s_b, z_b, f_b = s64.reshape(shape), z64.reshape(shape), f64.reshape(shape)
+    v = w64 * f_b / s_b
+    rounded = v + (torch.round(v) - v).detach()
+    q = rounded + z_b
+    clipped = q + (q.clamp(lo, hi) - q).detach()  # no gradient to x outside the range
+    inside = ((q >= lo) & (q <= hi)).double()
+    # outside the range the output is (bound - z) s: its gradients to s and z are those of that expression
+    y = (clipped - z_b) * s_b * inside + (q.clamp(lo, hi).detach() - z_b) * s_b * (1 - inside)
+    ((y / f_b) * grad.double()).sum().backward()
+    got = {"w": leaves[0].grad, "f": leaves[1].grad, "scale": leaves[2].grad / factor, "zero": leaves[3].grad / factor}
+    reference = {"w": w64.grad, "f": f64.grad, "scale": s64.grad, "zero": z64.grad}
+    for name, value in got.items():
+        bound = 1e-4 * float(reference[name].abs().max())
+        torch.testing.assert_close(value.double(), reference[name], rtol=1e-4, atol=bound)

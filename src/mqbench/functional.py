@@ -38,6 +38,7 @@ __all__ = [
     "ceil_ste",
     "fake_quantize",
     "fake_quantize_for_export",
+    "folded_learnable_fake_quantize",
     "learnable_fake_quantize",
     "qparams_from_range",
     "round_pot",
@@ -249,6 +250,60 @@ def learnable_fake_quantize(
     return _LearnableFakeQuantize.apply(
         x, scale, zero_point, quant_min, quant_max, axis, grad_factor, scale_floor, drop, threshold
     )
+
+
+class _FoldedLearnable(torch.autograd.Function):
+    """``learnable_fake_quantize(w * f, ...) * (1 / f)`` with ``f`` per output channel (axis 0), fused."""
+
+    @staticmethod
+    def forward(ctx, w, factor, scale, zero_point, quant_min, quant_max, grad_factor, scale_floor):  # type: ignore[override]
+        ctx.scale_sign = torch.sign(scale)
+        scale = scale.abs().clamp_min(scale_floor)
+        ctx.save_for_backward(w, factor, scale, zero_point)
+        ctx.settings = (quant_min, quant_max, grad_factor)
+        return kernels.module().folded_learnable_forward(w, factor, scale, zero_point, quant_min, quant_max)
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        w, factor, scale, zero_point = ctx.saved_tensors
+        quant_min, quant_max, grad_factor = ctx.settings
+        grad_w, grad_scale, grad_zero_point, grad_f = kernels.module().folded_learnable_backward(
+            grad, w, factor, scale, zero_point, quant_min, quant_max
+        )
+        grad_scale = grad_scale.reshape(scale.shape) * grad_factor * ctx.scale_sign
+        grad_zero_point = grad_zero_point.reshape(scale.shape) * grad_factor
+        return grad_w, grad_f.reshape(factor.shape), grad_scale, grad_zero_point, None, None, None, None
+
+
+def folded_learnable_fake_quantize(
+    weight: Tensor,
+    factor: Tensor,
+    scale: Tensor,
+    zero_point: Tensor,
+    quant_min: int,
+    quant_max: int,
+    ch_axis: int | None,
+    grad_factor: float,
+    scale_floor: float,
+) -> Tensor:
+    """``fq(weight * factor) / factor`` per output channel (axis 0) with the learned-scale ``fq`` of
+    :func:`learnable_fake_quantize`: the weight of a layer whose BatchNorm is folded while training.
+
+    One pass forward and one backward with the fused kernels (float32 CPU, scale per tensor or on
+    axis 0); elsewhere the three ops. The output is the three ops' to the bit (the division is the
+    multiplication by ``1 / factor``); gradients agree to float rounding.
+    """
+    shape = [-1] + [1] * (weight.dim() - 1)
+    zero = zero_point.to(weight.dtype)
+    zero = round_ste(zero) if zero.requires_grad else torch.round(zero)
+    fusable = ch_axis in (None, 0) and weight.dim() >= 1 and factor.dim() == 1 and factor.numel() == weight.shape[0]
+    if fusable and kernels.usable(weight, factor, scale):
+        return _FoldedLearnable.apply(weight, factor, scale, zero, quant_min, quant_max, grad_factor, scale_floor)
+    folded = weight * factor.reshape(shape)
+    quantized = learnable_fake_quantize(
+        folded, scale, zero_point, quant_min, quant_max, ch_axis, grad_factor, scale_floor=scale_floor
+    )
+    return quantized * (1.0 / factor).reshape(shape)
 
 
 def round_ste(x: Tensor) -> Tensor:

@@ -6,9 +6,11 @@ import pytest
 import torch
 from torch import nn
 
+from mqbench.fake_quantize import LearnableFakeQuantize
 from mqbench.nn import intrinsic as nni
 from mqbench.nn import qat as nnqat
 from mqbench.nn.intrinsic import qat as nniqat
+from mqbench.observer import MinMaxObserver
 
 
 def _conv1d():
@@ -404,3 +406,38 @@ def test_conv_transpose_accepts_output_size(reference):
     layer, bn = fused[0], fused[1]
     expected = fused[2](bn(layer(x, output_size=[9, 9])))
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("per_channel", [True, False])
+def test_learned_scale_weights_fold_in_one_pass_as_in_three(per_channel, monkeypatch):
+    """An LSQ weight quantizer scales, quantizes and unscales a training ConvBn's weight in one fused pass:
+    the output is the three separate ops' to the bit, every gradient theirs to float rounding."""
+    qscheme = torch.per_channel_symmetric if per_channel else torch.per_tensor_symmetric
+    factory = LearnableFakeQuantize.with_args(
+        observer=MinMaxObserver, quant_min=-128, quant_max=127, qscheme=qscheme, ch_axis=0
+    )
+    torch.manual_seed(0)
+    conv = nniqat.ConvBnReLU2d(4, 6, 3, weight_fake_quant_factory=factory)
+    with torch.no_grad():
+        conv.bn.weight.uniform_(0.5, 2.0)
+        conv.bn.running_var.uniform_(0.5, 2.0)
+    conv.weight_fake_quant(conv.weight.detach() * 1.5)  # calibrate
+    conv.weight_fake_quant.disable_observer()
+    x = torch.randn(8, 4, 10, 10)
+    target = torch.randn(8, 6, 8, 8)
+    results = []
+    for fused in (True, False):
+        model = copy.deepcopy(conv).train()
+        if not fused:
+            monkeypatch.setattr(type(model.weight_fake_quant), "quantize_folded", lambda *args: None)
+        out = model(x)
+        ((out - target) ** 2).mean().backward()
+        grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+        results.append((out.detach(), grads))
+        monkeypatch.undo()
+    (out_fused, grads_fused), (out_plain, grads_plain) = results
+    assert torch.equal(out_fused, out_plain)
+    assert set(grads_fused) == set(grads_plain)
+    assert {"weight", "bn.weight", "weight_fake_quant.scale"} <= set(grads_plain)
+    for name, grad in grads_plain.items():
+        torch.testing.assert_close(grads_fused[name], grad, rtol=1e-4, atol=1e-6 * float(grad.abs().max() + 1e-12))

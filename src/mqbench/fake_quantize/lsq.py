@@ -9,7 +9,7 @@ import torch
 from torch import Tensor, nn
 
 from mqbench.fake_quantize.quantize_base import QuantizeBase
-from mqbench.functional import EPS, learnable_fake_quantize
+from mqbench.functional import EPS, folded_learnable_fake_quantize, learnable_fake_quantize
 from mqbench.observer import MinMaxObserver
 
 __all__ = ["LearnableFakeQuantize"]
@@ -113,6 +113,31 @@ class LearnableFakeQuantize(QuantizeBase):
             scale_floor=EPS,
             drop=drop,
             threshold=threshold,
+        )
+
+    def quantize_folded(self, weight: Tensor, factor: Tensor) -> Tensor | None:
+        """``self(weight * factor) / factor`` per output channel in one fused pass, or None where that
+        is not what the quantizer would compute (observer or hooks to run, fake quant off, exporting)."""
+        if (
+            type(self).quantize is not LearnableFakeQuantize.quantize  # a subclass quantizing otherwise
+            or not self._switch("fake_quant")
+            or self._switch("observer")
+            or self._forward_hooks
+            or self._forward_pre_hooks
+            or torch.jit.is_tracing()
+            or bool((factor == 0).any())
+        ):
+            return None
+        return folded_learnable_fake_quantize(
+            weight,
+            factor,
+            self.scale,
+            self._effective_zero_point(),
+            self.quant_min,
+            self.quant_max,
+            self.axis,
+            self.grad_factor(weight),
+            scale_floor=EPS,
         )
 
     def export_qparams(self) -> tuple[Tensor, Tensor]:

@@ -151,16 +151,21 @@ class BnFoldingModule(QATModule):
         running_mean, running_var = bn_running_stats(self.bn)
         gamma, beta = self._bn_affine()
         factor = bn_scale_factor(running_var, self.bn.eps, gamma)
-        weight = self.weight_fake_quant(scale_output_channels(self.weight, factor, self._TRANSPOSED))
         bias = self._layer_bias()
         if self.training and not self.freeze_bn:
             # conv(x, fq(w f)) / f, with the division applied to the weight's output channels: the
-            # layer is linear in its weight, and the weight is far smaller than the output.
-            unscaled = self._unfold(weight, factor)
+            # layer is linear in its weight, and the weight is far smaller than the output. A
+            # quantizer that can (LSQ) scales, quantizes and unscales in one pass.
+            fused = getattr(self.weight_fake_quant, "quantize_folded", None)
+            unscaled = None if fused is None or self._TRANSPOSED else fused(self.weight, factor)
+            if unscaled is None:
+                weight = self.weight_fake_quant(scale_output_channels(self.weight, factor, self._TRANSPOSED))
+                unscaled = self._unfold(weight, factor)
             y = self._apply_weight(x, unscaled, None, **options)
             if bias is not None:
                 y = y + self._per_channel(bias, y)
             return self.bn(y)
+        weight = self.weight_fake_quant(scale_output_channels(self.weight, factor, self._TRANSPOSED))
         return self._apply_weight(x, weight, fold_bn_bias(bias, running_mean, factor, beta), **options)
 
     # -- conversion ------------------------------------------------------------------------------
