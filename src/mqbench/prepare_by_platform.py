@@ -28,6 +28,7 @@ from torch import fx, nn
 from torch.fx.graph_module import _USER_PRESERVED_ATTRIBUTES_KEY
 
 from mqbench.backends.registry import BackendType, resolve_backend
+from mqbench.custom_quantizer.bits import apply_quantizer_bits
 from mqbench.custom_quantizer.model_quantizer import ModelQuantizer
 from mqbench.custom_quantizer.qconfig import resolve_qconfig
 from mqbench.nn.intrinsic.qat import freeze_bn_stats
@@ -44,6 +45,7 @@ CONFIG_KEYS = (
     "concrete_args",
     "leaf_module",
     "reduce_range",
+    "quantizer_bits",
 )
 
 # The prepared GraphModule's attribute naming the backend it was prepared for (a str, not state).
@@ -153,6 +155,7 @@ def prepare_by_platform(
     with _garbage_collection_paused():  # graph passes allocate many small objects; collect once afterwards
         graph_module = trace(model, config.get("concrete_args"), leaf_modules, custom_tracer)
         prepared = quantizer.prepare(graph_module, qconfig, bool(is_qat))
+    apply_quantizer_bits(prepared, spec, config.get("quantizer_bits", {}))
     _warn_fused_attention(prepared, spec.name, "matmul" in spec.placement.inputs_of)
     if freeze_bn:
         prepared.apply(freeze_bn_stats)

@@ -11,4 +11,5 @@ SPEC = BackendSpec(
     placement=Placement(inputs_of={"linear", "matmul"}),
     description="research settings for transformers: quantizers from extra_qconfig_dict",
     deploy=("clip_ranges",),
+    mixed_precision_bits=(2, 3, 4, 5, 6, 7, 8),
 )

@@ -182,8 +182,12 @@ class BackendSpec:
     # A declarative rule set (a mqbench.backend_config.BackendConfig) deciding per node what is
     # quantized; its model_quantizer reads it. None: the placement decides, by op kind.
     declared: Any = None
+    # The bit widths its format deploys per quantizer besides the defaults' (mixed precision through
+    # prepare_custom_config_dict["quantizer_bits"]); empty: one width per quantizer kind.
+    mixed_precision_bits: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "deploy", tuple(self.deploy))
+        object.__setattr__(self, "mixed_precision_bits", tuple(self.mixed_precision_bits))
         if not self.name or self.name != self.name.lower():
             raise ValueError(f"backend names are lowercase and non-empty, got {self.name!r}")
