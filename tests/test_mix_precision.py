@@ -16,6 +16,7 @@ from mqbench.functional import bits_of_range
 from mqbench.mix_precision import (
     WeightedLayer,
     hessian_traces,
+    layer_sensitivity,
     mixprecision_profiling,
     search_mixed_precision,
     solve_bit_allocation,
@@ -175,3 +176,34 @@ def test_naive_profiling_is_the_loss_with_one_layer_quantized():
             hidden = torch.relu(nn.functional.linear(inputs, w if name == "0" else model[0].weight, model[0].bias))
             out = nn.functional.linear(hidden, w if name == "2" else model[2].weight, model[2].bias)
         assert scores[name] == pytest.approx(float(nn.MSELoss()(out, targets)), rel=1e-5)
+
+
+@pytest.mark.parametrize("method", ["loss", "hessian", "fisher", "taylor"])
+def test_layer_sensitivity_scores_are_their_formulas(method):
+    """One linear layer under mean squared error on orthogonal inputs (a diagonal Hessian, so Hutchinson's
+    trace is exact); each score recomputed from the float gradient and the quantization error written here."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 3)).eval()
+    inputs = torch.diag(torch.tensor([1.0, 2.0, 0.5, 3.0, 1.5, 0.25]))
+    targets = torch.randn(6, 3)
+    qmodel = _calibrate(prepare_by_platform(model, "academic", academic_config(8)), [inputs])
+    scores = layer_sensitivity(qmodel, [(inputs, targets)], nn.MSELoss(), method, bits=3)
+    q = dict(qmodel.named_modules())["0.weight_fake_quant"]
+    assert bits_of_range(q.quant_min, q.quant_max) == 8  # the width is restored
+    set_quantizer_bits(q, 3)
+    scale, zero = q.export_qparams()
+    set_quantizer_bits(q, 8)
+    w, b = model[0].weight.detach(), model[0].bias.detach()
+    s, z = scale[:, None], zero[:, None].float()
+    quantized = (torch.clamp(torch.round(w / s) + z, -4, 3) - z) * s
+    d = quantized - w
+    weight = w.clone().requires_grad_()
+    loss = nn.MSELoss()(nn.functional.linear(inputs, weight, b), targets)
+    (g,) = torch.autograd.grad(loss, weight)
+    expected = {
+        "loss": float(nn.MSELoss()(nn.functional.linear(inputs, quantized, b), targets) - loss.detach()),
+        "hessian": 2.0 / 6 * float(inputs.pow(2).sum()) / w.numel() * float(d.pow(2).sum()),
+        "fisher": float((g.pow(2) * d.pow(2)).sum()),
+        "taylor": abs(float((g * d).sum())),
+    }[method]
+    assert scores["0"] == pytest.approx(expected, rel=1e-4)

@@ -27,12 +27,13 @@ import copy
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
 from scipy.optimize import Bounds, LinearConstraint, milp
 from torch import Tensor, fx, nn
+from tqdm.auto import tqdm
 
 from mqbench.backends import resolve_backend
 from mqbench.custom_quantizer.bits import set_quantizer_bits
@@ -44,6 +45,7 @@ from mqbench.utils.state import disable_all, enable_calibration, enable_quantiza
 __all__ = [
     "MixedPrecisionResult",
     "WeightedLayer",
+    "layer_sensitivity",
     "mixprecision_profiling",
     "search_mixed_precision",
     "solve_bit_allocation",
@@ -476,38 +478,139 @@ def mixprecision_profiling(
 
 
 def hessian_traces(
-    model: nn.Module, inputs: Any, targets: Any, criterion: Callable, probes: int = 32, seed: int = 0
+    model: nn.Module, inputs: Any, targets: Any, criterion: Callable, probes: int = 32
 ) -> dict[str, float]:
     """Hutchinson's estimate of the trace of the loss Hessian over each conv/linear weight.
 
     ``E[v^T H v]`` over Rademacher vectors ``v``, one Hessian-vector product per probe for all layers
     at once (the cross-layer terms vanish in expectation).
     """
-    weights = {
-        name: module.weight
+    layers = {
+        name: module
         for name, module in model.named_modules()
         if isinstance(module, (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Linear, nn.ConvTranspose2d))
     }
-    if not weights:
+    if not layers:
         raise ValueError("the model has no conv or linear weight")
-    params = list(weights.values())
     was_training = model.training
     model.eval()
-    generator = torch.Generator().manual_seed(seed)
-    totals = dict.fromkeys(weights, 0.0)
     try:
-        loss = criterion(model(*_as_args(inputs)), targets)
-        grads = torch.autograd.grad(loss, params, create_graph=True)
-        for _ in range(probes):
-            vectors = [(torch.randint(0, 2, p.shape, generator=generator) * 2 - 1).to(p) for p in params]
-            products = torch.autograd.grad(grads, params, grad_outputs=vectors, retain_graph=True)
-            for name, v, hv in zip(weights, vectors, products, strict=True):
-                totals[name] += float((v * hv).sum())
+        traces = _layer_traces(model, layers, inputs, targets, criterion, probes)
     finally:
         model.train(was_training)
-    traces = {name: total / probes for name, total in totals.items()}
     for name, trace in traces.items():
         logger.info(f"layer {name}: Hessian trace {trace:.6g}")
     if not all(math.isfinite(t) for t in traces.values()):
         raise FloatingPointError("the Hessian trace is not finite; check the loss")
     return traces
+
+
+# -- per-layer sensitivity scores -----------------------------------------------------------------
+SENSITIVITY_METHODS = ("loss", "hessian", "fisher", "taylor")
+
+
+def layer_sensitivity(
+    prepared: nn.Module,
+    data: Iterable[tuple[Any, Any]],
+    loss_fn: Callable[[Any, Any], Tensor],
+    method: str = "loss",
+    bits: int | None = None,
+    probes: int = 16,
+    progress: bool = False,
+) -> dict[str, float]:
+    """How much each weighted layer's weight quantization costs, per layer of a prepared, calibrated model.
+
+    ``data`` yields ``(inputs, targets)``; ``loss_fn(output, targets)`` is the task loss. With
+    ``d = Q(w) - w`` the layer's weight quantization error (at ``bits`` when given, else the
+    quantizer's own width) and ``g`` the float model's loss gradient:
+
+    * ``loss``: the loss with only that layer's weights quantized minus the float loss (measured);
+    * ``hessian``: ``trace(H) / n * ||d||^2`` (HAWQ; Hutchinson's trace, ``probes`` probes);
+    * ``fisher``: ``sum(g^2 d^2)`` per batch, averaged (the empirical diagonal Fisher);
+    * ``taylor``: ``|sum(g d)|`` averaged over batches (the first-order change of the loss).
+
+    Computed on the model as prepared (its own weights; a training-mode BatchNorm fold is not
+    applied). The quantizer switches and widths are left as they were.
+    """
+    if method not in SENSITIVITY_METHODS:
+        raise ValueError(f"unknown sensitivity method {method!r}; use one of {', '.join(SENSITIVITY_METHODS)}")
+    batches = list(data)
+    if not batches:
+        raise ValueError("layer_sensitivity needs at least one (inputs, targets) batch")
+    modules = dict(prepared.named_modules())
+    layers = {name: m for name, m in modules.items() if _weight_quantizer(m) is not None}
+    named = dict(quantizers(prepared))
+    state = {name: (bool(q.observer_enabled[0]), bool(q.fake_quant_enabled[0])) for name, q in named.items()}
+    own = {
+        name: bits_of_range(int(m.weight_fake_quant.quant_min), int(m.weight_fake_quant.quant_max))
+        for name, m in layers.items()
+    }
+    was_training = prepared.training
+    prepared.eval()
+    scores: dict[str, float] = {}
+    try:
+        disable_all(prepared)
+        errors: dict[str, Tensor] = {}
+        for name, module in layers.items():
+            quantizer: Any = module.weight_fake_quant
+            if bits is not None:
+                set_quantizer_bits(quantizer, bits)
+            quantizer.enable_fake_quant(True)
+            with torch.no_grad():
+                errors[name] = (quantizer(module.weight) - module.weight).detach()
+            quantizer.enable_fake_quant(False)
+        iterator: Iterable[Any] = tqdm(layers, desc=f"sensitivity ({method})", leave=False) if progress else layers
+        if method == "loss":
+            with torch.no_grad():
+                base = [float(loss_fn(prepared(*_as_args(x)), y)) for x, y in batches]
+                for name in iterator:
+                    quantizer = layers[name].weight_fake_quant
+                    quantizer.enable_fake_quant(True)
+                    losses = [float(loss_fn(prepared(*_as_args(x)), y)) for x, y in batches]
+                    quantizer.enable_fake_quant(False)
+                    scores[name] = sum(q - b for q, b in zip(losses, base, strict=True)) / len(batches)
+        elif method == "hessian":
+            totals = dict.fromkeys(layers, 0.0)
+            for x, y in batches:
+                traces = _layer_traces(prepared, layers, x, y, loss_fn, probes)
+                for name in layers:
+                    totals[name] += traces[name]
+            for name in iterator:
+                weight = layers[name].weight
+                trace = totals[name] / len(batches)
+                scores[name] = trace / weight.numel() * float(errors[name].pow(2).sum())
+        else:
+            sums = dict.fromkeys(layers, 0.0)
+            for x, y in batches:
+                params = [layers[name].weight for name in layers]
+                grads = torch.autograd.grad(loss_fn(prepared(*_as_args(x)), y), params)
+                for name, grad in zip(layers, grads, strict=True):
+                    if method == "fisher":
+                        sums[name] += float((grad.pow(2) * errors[name].pow(2)).sum())
+                    else:
+                        sums[name] += abs(float((grad * errors[name]).sum()))
+            scores = {name: sums[name] / len(batches) for name in iterator}
+    finally:
+        for name, module in layers.items():
+            set_quantizer_bits(module.weight_fake_quant, own[name])
+        for name, (observer, fake_quant) in state.items():
+            named[name].enable_observer(observer)
+            named[name].enable_fake_quant(fake_quant)
+        prepared.train(was_training)
+    return scores
+
+
+def _layer_traces(
+    model: nn.Module, layers: Mapping[str, nn.Module], inputs: Any, targets: Any, loss_fn: Callable, probes: int
+) -> dict[str, float]:
+    params: list[Tensor] = [cast(Tensor, module.weight) for module in layers.values()]
+    generator = torch.Generator().manual_seed(0)
+    loss = loss_fn(model(*_as_args(inputs)), targets)
+    grads = torch.autograd.grad(loss, params, create_graph=True)
+    totals = dict.fromkeys(layers, 0.0)
+    for _ in range(probes):
+        vectors = [(torch.randint(0, 2, p.shape, generator=generator) * 2 - 1).to(p) for p in params]
+        products = torch.autograd.grad(grads, params, grad_outputs=vectors, retain_graph=True)
+        for name, v, hv in zip(layers, vectors, products, strict=True):
+            totals[name] += float((v * hv).sum())
+    return {name: total / probes for name, total in totals.items()}
