@@ -86,7 +86,25 @@ def build_parser() -> argparse.ArgumentParser:
             "bench.json and bench.png. Exits with 1 if any combination fails verification."
         ),
     )
-    for command in (ptq, qat, bench):
+    profile = commands.add_parser(
+        "profile",
+        help="mqbench ptq plus each layer's error against float (standalone and accumulated)",
+        description=(
+            "Run a YAML configuration as mqbench ptq does, then measure each quantized layer's output against "
+            "float with only its weights, only its activations, or both quantized, and with every layer up to it "
+            "quantized (profile section: modes, batches). The table is in results.json, profile.md and the report."
+        ),
+    )
+    mixed = commands.add_parser(
+        "mixed-precision",
+        help="choose a bit width per layer under a size or BitOps budget, then deploy and verify",
+        description=(
+            "Search per-quantizer widths (mixed_precision section: weight_bits, activation_bits, budget, pareto) "
+            "by an integer program over measured sensitivities, then calibrate, deploy and verify the mixed model "
+            "as mqbench ptq does. Needs a backend that deploys several widths (academic, academic_nlp)."
+        ),
+    )
+    for command in (ptq, qat, bench, profile, mixed):
         command.add_argument("--config", required=True, help="the YAML configuration (see examples/)")
         command.add_argument("--output", required=True, help="the run folder (created; files in it are replaced)")
         command.add_argument("--quiet", action="store_true", help="no progress bars or log lines, only the summary")
@@ -142,7 +160,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
         except (ValueError, FileNotFoundError) as error:
             parser.error(str(error))
-    if args.command in ("ptq", "qat", "bench"):
+    if args.command in ("ptq", "qat", "bench", "profile", "mixed-precision"):
         return _run_command(parser, args)
     parser.print_help()
     return 0
@@ -163,11 +181,13 @@ def _run_command(parser: argparse.ArgumentParser, args: argparse.Namespace) -> i
             payload = run_bench(args.config, args.output, quiet=args.quiet)
             print((Path(args.output) / "bench.md").read_text())
             return 0 if all(row["verified"] for row in payload["rows"]) else 1
+        from mqbench.app.precision import run_mixed_precision, run_profile
         from mqbench.app.ptq import run_ptq
         from mqbench.app.qat import run_qat
         from mqbench.app.runs import describe_results
 
-        results = (run_ptq if args.command == "ptq" else run_qat)(args.config, args.output, quiet=args.quiet)
+        command = {"ptq": run_ptq, "qat": run_qat, "profile": run_profile, "mixed-precision": run_mixed_precision}
+        results = command[args.command](args.config, args.output, quiet=args.quiet)
     except ConfigError as error:
         parser.error(str(error))
     if "verify" not in results:  # a rank other than 0

@@ -39,6 +39,14 @@ and the valid choices. Missing sections and keys take the defaults below.
       resume: null              # checkpoint.pt of an earlier run of the same configuration
     process:
       seed: 0
+    profile:                    # mqbench: mqbench profile
+      modes: [standalone, interaction]
+      batches: 2                # calibration batches the per-layer errors are measured on
+    mixed_precision:            # mqbench: mqbench mixed-precision (backends listing mixed_precision_bits)
+      weight_bits: [8, 4, 2]    # candidate widths per weight quantizer
+      activation_bits: [8]      # candidate widths per activation quantizer
+      budget: {average_weight_bits: 5}   # and/or size_bytes, bitops (replaces the default whole)
+      pareto: []                # more budgets to sweep, each evaluated: the report's accuracy vs size plot
 
 ``data.batch_size`` is per process: under ``torchrun`` with N processes a step sees N batches.
 ``data.num_workers`` and ``data.pin_memory`` are accepted for MQBench's configs; the data is read
@@ -62,7 +70,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-__all__ = ["DEFAULTS", "OPTIMIZERS", "QUANTIZE_TYPES", "ConfigError", "load_config", "parse_config"]
+__all__ = ["BUDGET_KEYS", "DEFAULTS", "OPTIMIZERS", "QUANTIZE_TYPES", "ConfigError", "load_config", "parse_config"]
 
 QUANTIZE_TYPES = ("naive_ptq", "advanced_ptq")
 
@@ -98,6 +106,13 @@ DEFAULTS: dict[str, Any] = {
         "resume": None,
     },
     "process": {"seed": 0},
+    "profile": {"modes": ["standalone", "interaction"], "batches": 2},
+    "mixed_precision": {
+        "weight_bits": [8, 4, 2],
+        "activation_bits": [8],
+        "budget": {"average_weight_bits": 5},
+        "pareto": [],
+    },
 }
 
 OPTIMIZERS = ("adam", "adamw", "sgd")
@@ -128,6 +143,28 @@ def _three_floats(value: Any) -> bool:
         isinstance(value, list | tuple)
         and len(value) in (1, 3)
         and all(isinstance(v, int | float) and not isinstance(v, bool) for v in value)
+    )
+
+
+BUDGET_KEYS = ("average_weight_bits", "size_bytes", "bitops")
+
+
+def _bit_list(value: Any) -> bool:
+    return (
+        isinstance(value, list)
+        and bool(value)
+        and all(isinstance(b, int) and not isinstance(b, bool) and 2 <= b <= 8 for b in value)
+    )
+
+
+def _budget(value: Any) -> bool:
+    return (
+        _mapping(value)
+        and bool(value)
+        and all(
+            k in BUDGET_KEYS and isinstance(v, int | float) and not isinstance(v, bool) and v > 0
+            for k, v in value.items()
+        )
     )
 
 
@@ -172,6 +209,22 @@ _CHECKS: dict[str, dict[str, tuple[Callable[[Any], bool], str]]] = {
         "resume": (_optional_str, "a checkpoint.pt of an earlier run of this configuration, or null"),
     },
     "process": {"seed": (lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer")},
+    "profile": {
+        "modes": (
+            lambda v: isinstance(v, list) and bool(v) and all(m in ("standalone", "interaction") for m in v),
+            "a list of standalone and/or interaction",
+        ),
+        "batches": (_positive_int, "a positive integer (calibration batches to profile on)"),
+    },
+    "mixed_precision": {
+        "weight_bits": (_bit_list, "a list of bit widths from 2 to 8"),
+        "activation_bits": (_bit_list, "a list of bit widths from 2 to 8"),
+        "budget": (_budget, "a mapping with average_weight_bits, size_bytes and/or bitops (positive numbers)"),
+        "pareto": (
+            lambda v: isinstance(v, list) and all(_budget(b) for b in v),
+            "a list of budgets (each like budget)",
+        ),
+    },
 }
 
 
@@ -216,6 +269,9 @@ def parse_config(raw: Any, source: str = "<config>") -> dict[str, Any]:
             continue  # prepare_by_platform checks its own keys, naming them
         _check_section(section, value if value is not None else {}, source, f"{section}.")
     config = _merge(DEFAULTS, {k: v for k, v in raw.items() if v is not None})
+    given_budget = (raw.get("mixed_precision") or {}).get("budget")
+    if given_budget is not None:  # a budget replaces the default one, not merged with it
+        config["mixed_precision"]["budget"] = dict(given_budget)
     if config["quantize"]["quantize_type"] == "advanced_ptq" and not config["quantize"]["reconstruction"]:
         raise ConfigError(
             f"{source}: quantize.quantize_type is advanced_ptq but quantize.reconstruction is empty; give "

@@ -20,10 +20,11 @@ from mqbench.advanced_ptq import calibrate, ptq_reconstruction
 from mqbench.app.config import ConfigError
 from mqbench.app.runs import Run, execute
 
-__all__ = ["run_ptq", "run_ptq_with_handles"]
+__all__ = ["quantize_ptq", "run_ptq", "run_ptq_with_handles"]
 
 
-def _quantize(run: Run, model: nn.Module) -> nn.Module:
+def quantize_ptq(run: Run, model: nn.Module) -> nn.Module:
+    """The PTQ step: calibrate (and reconstruct for advanced_ptq) the prepared model."""
     if run.processes.distributed:
         raise ConfigError("mqbench ptq runs in one process; torchrun is for mqbench qat")
     quantize = run.config["quantize"]
@@ -44,7 +45,7 @@ def _quantize(run: Run, model: nn.Module) -> nn.Module:
 
 def run_ptq(config_path: str | Path | dict[str, Any], output: str | Path, quiet: bool = False) -> dict[str, Any]:
     """Run the PTQ configuration ``config_path`` into the folder ``output``; returns ``results.json``'s content."""
-    return execute("PTQ", config_path, output, _quantize, quiet)
+    return execute("PTQ", config_path, output, quantize_ptq, quiet)
 
 
 def run_ptq_with_handles(
@@ -52,4 +53,4 @@ def run_ptq_with_handles(
 ) -> tuple[dict[str, Any], dict]:
     """:func:`run_ptq` of a checked configuration, also returning the deployment and a validation sample."""
     handles: dict[str, Any] = {}
-    return execute("PTQ", config, output, _quantize, quiet, handles), handles
+    return execute("PTQ", config, output, quantize_ptq, quiet, handles), handles

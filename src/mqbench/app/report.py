@@ -176,7 +176,73 @@ def _plots(results: dict[str, Any]) -> dict[str, str]:
             accuracy_axis.plot(epochs, [100 * (h["accuracy"] or 0) for h in history], "s--", color="#519e3e")
             accuracy_axis.set_ylabel("simulated accuracy (%)")
         plots["training"] = _png(figure)
+    profile = results.get("profile") or []
+    layers = list(dict.fromkeys(row["name"] for row in profile))
+    if layers:
+        figure, axis = plt.subplots(figsize=(max(6, 0.22 * len(layers)), 3.5))
+        for (mode, part), style in (
+            (("standalone", "weight"), "o"),
+            (("standalone", "activation"), "^"),
+            (("interaction", "both"), "s-"),
+        ):
+            sqnr = {r["name"]: min(r["sqnr_db"], 80.0) for r in profile if (r["mode"], r["part"]) == (mode, part)}
+            if sqnr:
+                xs = [i for i, name in enumerate(layers) if name in sqnr]
+                axis.plot(xs, [sqnr[layers[i]] for i in xs], style, markersize=4, label=f"{mode} {part}")
+        axis.set_xticks(range(len(layers)))
+        axis.set_xticklabels(layers, rotation=90, fontsize=6)
+        axis.set_ylabel("SQNR of the layer output (dB, capped at 80)")
+        axis.legend(fontsize=7)
+        plots["profile"] = _png(figure)
+    points = [p for p in (results.get("mixed_precision") or {}).get("pareto", []) if p.get("accuracy") is not None]
+    if points:
+        figure, axis = plt.subplots(figsize=(5, 3))
+        points = sorted(points, key=lambda p: p["size_bytes"])
+        axis.plot([p["size_bytes"] / 1e6 for p in points], [100 * p["accuracy"] for p in points], "s-")
+        axis.set_xlabel("quantized weights (MB)")
+        axis.set_ylabel("top-1 accuracy (%)")
+        axis.set_title("mixed precision: accuracy against size")
+        plots["pareto"] = _png(figure)
     return plots
+
+
+def _profile_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """The profile as one row per layer, a column per (mode, part) measured, SQNR in dB."""
+    profile = results.get("profile") or []
+    order = [("standalone", "weight"), ("standalone", "activation"), ("standalone", "both"), ("interaction", "both")]
+    present = {(r["mode"], r["part"]) for r in profile}
+    columns = [column for column in order if column in present]
+    layers = list(dict.fromkeys((r["name"], r["op"]) for r in profile))
+    values = {(r["name"], r["mode"], r["part"]): r["sqnr_db"] for r in profile}
+    header = ["layer", "op", *[f"{mode} {part} SQNR (dB)" for mode, part in columns]]
+    rows = [
+        [name, op, *[_db(values[(name, m, p)]) if (name, m, p) in values else "" for m, p in columns]]
+        for name, op in layers
+    ]
+    return header, rows
+
+
+def _mixed_rows(results: dict[str, Any]) -> tuple[str, list[list[str]], list[list[str]]]:
+    mixed = results.get("mixed_precision") or {}
+    summary = (
+        f"{mixed['size_bytes'] / 1e6:.3f} MB of quantized weights, {mixed['bitops']:.3g} BitOps (budget "
+        + ", ".join(f"{k} {v:.4g}" for k, v in mixed["budget"].items())
+        + f"; candidates W{mixed['candidates']['weight']} A{mixed['candidates']['activation']})"
+    )
+    layers = [
+        [name, str(weight), "float" if activation is None else str(activation)]
+        for name, (weight, activation) in mixed["bits"].items()
+    ]
+    pareto = [
+        [
+            ", ".join(f"{k} {v:.4g}" for k, v in p["budget"].items()),
+            "no" if not p["feasible"] else f"{p['size_bytes'] / 1e6:.3f}",
+            "" if not p["feasible"] else f"{p['bitops']:.3g}",
+            _pct(p.get("accuracy")),
+        ]
+        for p in mixed.get("pareto", [])
+    ]
+    return summary, layers, pareto
 
 
 def lsb_histogram(report: Any) -> dict[str, dict[str, int]]:
@@ -227,6 +293,20 @@ def render_markdown(results: dict[str, Any]) -> str:
             "| --- | --- | --- | --- |",
         ]
         lines += [f"| {e['tensor']} | {e['kind']} | {e['bits']} | {_db(e['sqnr_db'])} |" for e in errors]
+        lines.append("")
+    if results.get("profile"):
+        header, rows = _profile_rows(results)
+        lines += ["## Per-layer profile (SQNR of each layer's output against float)", ""]
+        lines += ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+        lines += ["| " + " | ".join(row) + " |" for row in rows]
+        lines.append("")
+    if results.get("mixed_precision"):
+        summary, layers, pareto = _mixed_rows(results)
+        lines += ["## Mixed precision", "", summary, "", "| layer | weight bits | input bits |", "| --- | --- | --- |"]
+        lines += ["| " + " | ".join(row) + " |" for row in layers]
+        if pareto:
+            lines += ["", "| budget | size MB | BitOps | accuracy |", "| --- | --- | --- | --- |"]
+            lines += ["| " + " | ".join(row) + " |" for row in pareto]
         lines.append("")
     verify = results["verify"]
     lines += [
@@ -290,6 +370,17 @@ def render_html(results: dict[str, Any]) -> str:
         rows = [[e["tensor"], e["kind"], str(e["bits"]), _db(e["sqnr_db"])] for e in errors]
         parts += ["<h2>Quantization error per tensor</h2>", image("layer_errors", "SQNR of every quantized tensor")]
         parts.append(_table(["tensor", "kind", "bits", "SQNR (dB)"], rows))
+    if results.get("profile"):
+        header, rows = _profile_rows(results)
+        parts += ["<h2>Per-layer profile</h2>", image("profile", "SQNR of each layer's output against float")]
+        parts.append(_table(header, rows))
+    if results.get("mixed_precision"):
+        summary, layers, pareto = _mixed_rows(results)
+        parts += ["<h2>Mixed precision</h2>", f"<p>{html.escape(summary)}</p>"]
+        parts.append(_table(["layer", "weight bits", "input bits"], layers))
+        if pareto:
+            parts.append(_table(["budget", "size MB", "BitOps", "accuracy"], pareto))
+            parts.append(image("pareto", "accuracy against the size of the quantized weights"))
     verify = results["verify"]
     rows = [
         [key, art["runtime"], f"{art['max_lsb_diff']:.3g}", f"{100 * art['exact_fraction']:.1f} %"]

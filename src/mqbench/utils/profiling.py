@@ -104,7 +104,8 @@ class ProfileTable(list[LayerError]):
 
     def to_markdown(self) -> str:
         """One line per layer; a column per (mode, part) measured, holding the SQNR in dB."""
-        columns = list(dict.fromkeys((r.mode, r.part) for r in self))
+        present = {(r.mode, r.part) for r in self}
+        columns = [(m, p) for m in MODES for p in PARTS if (m, p) in present]
         layers = list(dict.fromkeys((r.name, r.op) for r in self))
         value = {(r.name, r.mode, r.part): r.sqnr_db for r in self}
         head = "| layer | op | " + " | ".join(f"{mode} {part} SQNR dB" for mode, part in columns) + " |"
