@@ -30,6 +30,7 @@ from scipy.stats import spearmanr
 from torch import nn
 
 from _timing import write_json
+from mqbench.advanced_ptq import calibrate
 from mqbench.custom_quantizer.bits import set_quantizer_bits
 from mqbench.data import load_digits_split
 from mqbench.functional import bits_of_range
@@ -37,7 +38,7 @@ from mqbench.mix_precision import layer_sensitivity, search_mixed_precision
 from mqbench.models.zoo import digits_rgb, zoo_model
 from mqbench.prepare_by_platform import prepare_by_platform
 from mqbench.utils.host import describe_host
-from mqbench.utils.state import disable_all, enable_calibration, enable_quantization
+from mqbench.utils.state import disable_all, enable_quantization
 
 MODELS = {"resnet18": "ResNet-18", "mobilenet_v2": "MobileNetV2"}
 UNIFORM = (6, 4, 3, 2)
@@ -64,13 +65,7 @@ def accuracy(model: nn.Module, images: torch.Tensor, labels: torch.Tensor) -> fl
 
 
 def calibrated(model: nn.Module, settings: dict[str, Any], batches: list[torch.Tensor]) -> nn.Module:
-    qmodel = prepare_by_platform(model, "academic", settings)
-    enable_calibration(qmodel)
-    with torch.no_grad():
-        for batch in batches:
-            qmodel(batch)
-    enable_quantization(qmodel)
-    return qmodel
+    return calibrate(prepare_by_platform(model, "academic", settings), batches)
 
 
 def weight_bytes(qmodel: nn.Module) -> float:

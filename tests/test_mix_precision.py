@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from backend_configs import academic_config
+from mqbench.advanced_ptq import calibrate
 from mqbench.convert_deploy import convert_deploy
 from mqbench.custom_quantizer.bits import set_quantizer_bits
 from mqbench.deploy.verify import verify_deploy
@@ -23,7 +24,6 @@ from mqbench.mix_precision import (
 )
 from mqbench.models.zoo import zoo_labels, zoo_model
 from mqbench.prepare_by_platform import prepare_by_platform
-from mqbench.utils.state import enable_calibration, enable_quantization
 
 W_BITS, A_BITS = (8, 4, 2), (8, 4)
 
@@ -89,15 +89,6 @@ def test_an_impossible_budget_has_no_solution():
     assert solve_bit_allocation(layers, {}, W_BITS, A_BITS, size_bytes=10.0) is None
 
 
-def _calibrate(qmodel, data):
-    enable_calibration(qmodel)
-    with torch.no_grad():
-        for batch in data:
-            qmodel(batch)
-    enable_quantization(qmodel)
-    return qmodel
-
-
 def test_search_on_a_trained_model_meets_the_budget_deploys_and_verifies(tmp_path):
     zoo = zoo_model("resnet18")
     data = [zoo.calibration[i : i + 16] for i in range(0, 64, 16)]
@@ -118,7 +109,7 @@ def test_search_on_a_trained_model_meets_the_budget_deploys_and_verifies(tmp_pat
     first, last = result.layers[0], result.layers[-1]
     assert result.bits[first.name][0] == 8 and result.bits[last.name][0] == 8  # the backend's first/last rule
     # the config prepares exactly those widths
-    qmodel = _calibrate(prepare_by_platform(zoo.model, "academic", result.config), data)
+    qmodel = calibrate(prepare_by_platform(zoo.model, "academic", result.config), data)
     named = dict(qmodel.named_modules())
     for layer in result.layers:
         w = named[layer.weight]
@@ -163,7 +154,7 @@ def test_naive_profiling_is_the_loss_with_one_layer_quantized():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4)).eval()
     inputs, targets = torch.randn(32, 8), torch.randn(32, 4)
-    qmodel = _calibrate(prepare_by_platform(model, "academic", academic_config(4)), [inputs])
+    qmodel = calibrate(prepare_by_platform(model, "academic", academic_config(4)), [inputs])
     scores = mixprecision_profiling(model, qmodel, (inputs, targets), nn.MSELoss(), "naive")
     assert set(scores) == {"0", "2"}
     named = dict(qmodel.named_modules())
@@ -186,7 +177,7 @@ def test_layer_sensitivity_scores_are_their_formulas(method):
     model = nn.Sequential(nn.Linear(6, 3)).eval()
     inputs = torch.diag(torch.tensor([1.0, 2.0, 0.5, 3.0, 1.5, 0.25]))
     targets = torch.randn(6, 3)
-    qmodel = _calibrate(prepare_by_platform(model, "academic", academic_config(8)), [inputs])
+    qmodel = calibrate(prepare_by_platform(model, "academic", academic_config(8)), [inputs])
     scores = layer_sensitivity(qmodel, [(inputs, targets)], nn.MSELoss(), method, bits=3)
     q = dict(qmodel.named_modules())["0.weight_fake_quant"]
     assert bits_of_range(q.quant_min, q.quant_max) == 8  # the width is restored

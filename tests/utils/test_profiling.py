@@ -6,6 +6,7 @@ import pytest
 import torch
 from torch import nn
 
+from mqbench.advanced_ptq import calibrate
 from mqbench.models import resnet18
 from mqbench.prepare_by_platform import BackendType, prepare_by_platform
 from mqbench.utils.profiling import find_units, profile_layers, profiling
@@ -13,13 +14,7 @@ from mqbench.utils.state import enable_calibration, enable_quantization, quantiz
 
 
 def calibrated(model, data, backend="tensorrt", config=None):
-    qmodel = prepare_by_platform(model.eval(), backend, config)
-    enable_calibration(qmodel)
-    with torch.no_grad():
-        for batch in data:
-            qmodel(batch)
-    enable_quantization(qmodel)
-    return qmodel
+    return calibrate(prepare_by_platform(model.eval(), backend, config), data)
 
 
 def sqnr_db(reference, other):

@@ -372,39 +372,65 @@ torch::Tensor log_grid_forward(torch::Tensor x, int64_t z, torch::Tensor levels,
 }
 
 
+// The operands of the folded learned-scale kernels: a weight with its output channels on axis 0
+// (each channel's elements contiguous), one factor per channel, and a scale and zero point per
+// channel or per tensor.
+struct Folded {
+  torch::Tensor w, f, scale, zero;
+  int64_t channels, inner;
+  bool per_channel;
+  float lo, hi;
+
+  Folded(torch::Tensor weight, const torch::Tensor& factor, const torch::Tensor& scale_in,
+         const torch::Tensor& zero_point, int64_t quant_min, int64_t quant_max)
+      : w(weight.contiguous()),
+        f(factor.to(torch::kFloat).contiguous()),
+        scale(scale_in.to(torch::kFloat).contiguous()),
+        zero(zero_point.to(torch::kFloat).contiguous()),
+        channels(f.numel()),
+        inner(0),
+        per_channel(scale.numel() > 1),
+        lo(static_cast<float>(quant_min)),
+        hi(static_cast<float>(quant_max)) {
+    TORCH_CHECK(w.dim() >= 1 && w.size(0) == channels, "one factor per output channel (axis 0) expected");
+    TORCH_CHECK(scale.numel() == 1 || scale.numel() == channels, "scale: one per tensor or per channel");
+    inner = channels ? w.numel() / channels : 0;
+  }
+
+  // Calls body(c, f[c], 1 / f[c], scale, zero point) for every channel, channels split across threads.
+  template <typename Body>
+  void for_each_channel(const Body& body) const {
+    const float* fs = f.data_ptr<float>();
+    const float* ss = scale.data_ptr<float>();
+    const float* zs = zero.data_ptr<float>();
+    const int64_t grain = std::max<int64_t>(1, kGrain / std::max<int64_t>(inner, 1));
+    at::parallel_for(0, channels, grain, [&](int64_t begin, int64_t end) {
+      for (int64_t c = begin; c < end; ++c) {
+        const int64_t k = per_channel ? c : 0;
+        body(c, fs[c], 1.0f / fs[c], ss[k], zs[k]);
+      }
+    });
+  }
+};
+
 // Learned-scale fake quantization of a weight scaled per output channel (BatchNorm folding in
-// training): out = fq(w * f[c]) * (1 / f[c]) with fq the LSQ forward above, for weights whose
-// output channels are on axis 0 (each channel's elements contiguous). scale and zero_point hold
-// one value per channel or one for the tensor. Computes what the three separate ops compute.
+// training): out = fq(w * f[c]) * (1 / f[c]) with fq the LSQ forward above. Computes what the
+// three separate ops compute.
 torch::Tensor folded_learnable_forward(torch::Tensor w, torch::Tensor factor, torch::Tensor scale,
                                        torch::Tensor zero_point, int64_t quant_min, int64_t quant_max) {
-  w = w.contiguous();
-  auto f = factor.to(torch::kFloat).contiguous();
-  auto scale_f = scale.to(torch::kFloat).contiguous();
-  auto zero_f = zero_point.to(torch::kFloat).contiguous();
-  const int64_t channels = f.numel();
-  TORCH_CHECK(w.dim() >= 1 && w.size(0) == channels, "one factor per output channel (axis 0) expected");
-  TORCH_CHECK(scale_f.numel() == 1 || scale_f.numel() == channels, "scale: one per tensor or per channel");
-  const int64_t inner = channels ? w.numel() / channels : 0;
-  auto out = torch::empty_like(w);
-  const float* ws = w.data_ptr<float>();
-  const float* fs = f.data_ptr<float>();
-  const float* ss = scale_f.data_ptr<float>();
-  const float* zs = zero_f.data_ptr<float>();
+  const Folded op(w, factor, scale, zero_point, quant_min, quant_max);
+  auto out = torch::empty_like(op.w);
+  const float* ws = op.w.data_ptr<float>();
   float* ys = out.data_ptr<float>();
-  const bool per_channel = scale_f.numel() > 1;
-  const float lo = static_cast<float>(quant_min), hi = static_cast<float>(quant_max);
-  at::parallel_for(0, channels, std::max<int64_t>(1, kGrain / std::max<int64_t>(inner, 1)), [&](int64_t begin, int64_t end) {
-    for (int64_t c = begin; c < end; ++c) {
-      const float fc = fs[c], rc = 1.0f / fc, s = ss[per_channel ? c : 0], z = zs[per_channel ? c : 0];
-      const float low = lo, high = hi;
-      const float* w_run = ws + c * inner;
-      float* y_run = ys + c * inner;
+  const int64_t inner = op.inner;
+  const float low = op.lo, high = op.hi;
+  op.for_each_channel([&](int64_t c, float fc, float rc, float s, float z) {
+    const float* w_run = ws + c * inner;
+    float* y_run = ys + c * inner;
 #pragma omp simd
-      for (int64_t i = 0; i < inner; ++i) {
-        const float q = std::nearbyint((w_run[i] * fc) / s) + z;
-        y_run[i] = ((std::min(std::max(q, low), high) - z) * s) * rc;
-      }
+    for (int64_t i = 0; i < inner; ++i) {
+      const float q = std::nearbyint((w_run[i] * fc) / s) + z;
+      y_run[i] = ((std::min(std::max(q, low), high) - z) * s) * rc;
     }
   });
   return out;
@@ -416,60 +442,48 @@ torch::Tensor folded_learnable_forward(torch::Tensor w, torch::Tensor factor, to
 std::vector<torch::Tensor> folded_learnable_backward(torch::Tensor grad, torch::Tensor w, torch::Tensor factor,
                                                      torch::Tensor scale, torch::Tensor zero_point,
                                                      int64_t quant_min, int64_t quant_max) {
+  const Folded op(w, factor, scale, zero_point, quant_min, quant_max);
   grad = grad.contiguous();
-  w = w.contiguous();
-  auto f = factor.to(torch::kFloat).contiguous();
-  auto scale_f = scale.to(torch::kFloat).contiguous();
-  auto zero_f = zero_point.to(torch::kFloat).contiguous();
-  const int64_t channels = f.numel();
-  const int64_t inner = channels ? w.numel() / channels : 0;
-  auto grad_w = torch::empty_like(w);
-  auto sums = torch::zeros({3, channels}, w.options().dtype(torch::kDouble));
+  const int64_t channels = op.channels, inner = op.inner;
+  auto grad_w = torch::empty_like(op.w);
+  auto sums = torch::zeros({3, channels}, op.w.options().dtype(torch::kDouble));
   const float* gs = grad.data_ptr<float>();
-  const float* ws = w.data_ptr<float>();
-  const float* fs = f.data_ptr<float>();
-  const float* ss = scale_f.data_ptr<float>();
-  const float* zs = zero_f.data_ptr<float>();
+  const float* ws = op.w.data_ptr<float>();
   float* dw = grad_w.data_ptr<float>();
   double* sum_scale = sums.data_ptr<double>();
   double* sum_zero = sum_scale + channels;
   double* sum_factor = sum_zero + channels;
-  const bool per_channel = scale_f.numel() > 1;
-  const float lo = static_cast<float>(quant_min), hi = static_cast<float>(quant_max);
-  at::parallel_for(0, channels, std::max<int64_t>(1, kGrain / std::max<int64_t>(inner, 1)), [&](int64_t begin, int64_t end) {
-    for (int64_t c = begin; c < end; ++c) {
-      const float fc = fs[c], rc = 1.0f / fc, s = ss[per_channel ? c : 0], z = zs[per_channel ? c : 0];
-      const float low = lo, high = hi;
-      const float* g_run = gs + c * inner;
-      const float* w_run = ws + c * inner;
-      float* d_run = dw + c * inner;
-      double acc_scale = 0.0, acc_zero = 0.0, acc_uw = 0.0, acc_gy = 0.0;
+  const float low = op.lo, high = op.hi;
+  op.for_each_channel([&](int64_t c, float fc, float rc, float s, float z) {
+    const float* g_run = gs + c * inner;
+    const float* w_run = ws + c * inner;
+    float* d_run = dw + c * inner;
+    double acc_scale = 0.0, acc_zero = 0.0, acc_uw = 0.0, acc_gy = 0.0;
 #pragma omp simd reduction(+ : acc_scale, acc_zero, acc_uw, acc_gy)
-      for (int64_t i = 0; i < inner; ++i) {
-        const float v = (w_run[i] * fc) / s;
-        const float r = std::nearbyint(v);
-        const float q = r + z;
-        const float below = q < low ? 1.f : 0.f, above = q > high ? 1.f : 0.f;
-        const float outside = below + above;
-        const float y = (std::min(std::max(q, low), high) - z) * s;
-        const float g = g_run[i];
-        const float gy = g * rc;               // gradient reaching fq's output
-        const float du = gy - gy * outside;    // reaching w * f (straight through inside the range)
-        d_run[i] = du * fc;
-        const float local = below * (low - z) + above * (high - z) + (1.f - outside) * (r - v);
-        acc_scale += static_cast<double>(gy * local);
-        acc_zero -= static_cast<double>(gy * s * outside);
-        acc_uw += static_cast<double>(du * w_run[i]);
-        acc_gy += static_cast<double>(g * y);
-      }
-      sum_scale[c] = acc_scale;
-      sum_zero[c] = acc_zero;
-      // f enters twice: through w * f and through 1 / f (whose derivative is -1 / f^2)
-      sum_factor[c] = acc_uw - acc_gy / (static_cast<double>(fc) * static_cast<double>(fc));
+    for (int64_t i = 0; i < inner; ++i) {
+      const float v = (w_run[i] * fc) / s;
+      const float r = std::nearbyint(v);
+      const float q = r + z;
+      const float below = q < low ? 1.f : 0.f, above = q > high ? 1.f : 0.f;
+      const float outside = below + above;
+      const float y = (std::min(std::max(q, low), high) - z) * s;
+      const float g = g_run[i];
+      const float gy = g * rc;             // gradient reaching fq's output
+      const float du = gy - gy * outside;  // reaching w * f (straight through inside the range)
+      d_run[i] = du * fc;
+      const float local = below * (low - z) + above * (high - z) + (1.f - outside) * (r - v);
+      acc_scale += static_cast<double>(gy * local);
+      acc_zero -= static_cast<double>(gy * s * outside);
+      acc_uw += static_cast<double>(du * w_run[i]);
+      acc_gy += static_cast<double>(g * y);
     }
+    sum_scale[c] = acc_scale;
+    sum_zero[c] = acc_zero;
+    // f enters twice: through w * f and through 1 / f (whose derivative is -1 / f^2)
+    sum_factor[c] = acc_uw - acc_gy / (static_cast<double>(fc) * static_cast<double>(fc));
   });
   auto grad_scale = sums[0], grad_zero = sums[1];
-  if (!per_channel) {
+  if (!op.per_channel) {
     grad_scale = grad_scale.sum().reshape({1});
     grad_zero = grad_zero.sum().reshape({1});
   }
