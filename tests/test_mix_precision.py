@@ -147,7 +147,12 @@ def test_hawq_trace_is_the_hessian_trace_written_out():
     traces = hessian_traces(model, inputs, targets, nn.MSELoss())
     expected = 2.0 / 6 * float(inputs.pow(2).sum())
     assert traces["0"] == pytest.approx(expected, rel=1e-5)
-    assert mixprecision_profiling(model, None, (inputs, targets), nn.MSELoss(), "hawq")["0"] == pytest.approx(expected)
+    assert mixprecision_profiling(model, None, (inputs, targets), nn.MSELoss(), "hawq_trace")["0"] == pytest.approx(
+        expected
+    )
+    # the diagonal's largest entry, 2 / (N * outputs) * max_i x_ii^2, is the largest eigenvalue (MQBench's hawq)
+    largest = mixprecision_profiling(model, None, (inputs, targets), nn.MSELoss(), "hawq")["0"]
+    assert largest == pytest.approx(2.0 / (6 * 3) * 9.0, rel=1e-5)
 
 
 def test_naive_profiling_is_the_loss_with_one_layer_quantized():

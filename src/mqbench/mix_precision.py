@@ -17,8 +17,8 @@ deployed and verified like any other. Only backends whose spec lists ``mixed_pre
 take widths other than their own.
 
 :func:`mixprecision_profiling` is MQBench's per-layer sensitivity call (``naive``: the loss with
-one layer's weights quantized; ``hawq``: the Hessian trace of the loss per layer, Hutchinson's
-estimator).
+one layer's weights quantized; ``hawq``: the largest eigenvalue of the loss Hessian per layer;
+``hawq_trace``: its trace, Hutchinson's estimator).
 """
 
 from __future__ import annotations
@@ -45,6 +45,8 @@ from mqbench.utils.state import disable_all, enable_calibration, enable_quantiza
 __all__ = [
     "MixedPrecisionResult",
     "WeightedLayer",
+    "hessian_eigenvalues",
+    "hessian_traces",
     "layer_sensitivity",
     "mixprecision_profiling",
     "search_mixed_precision",
@@ -291,7 +293,7 @@ def _outputs(model: nn.Module, batches: Sequence[Any]) -> list[Tensor]:
 
 
 def _sensitivities(
-    prepared: nn.Module, batches: Sequence[Any], widths: Mapping[str, Sequence[int]]
+    prepared: nn.Module, batches: Sequence[Any], widths: Mapping[str, Sequence[int]], progress: bool = False
 ) -> dict[str, dict[int, float]]:
     """Relative output error with one quantizer alone at each width (everything else float)."""
     named = dict(quantizers(prepared))
@@ -299,7 +301,7 @@ def _sensitivities(
     reference = _outputs(prepared, batches)
     energy = sum(float(r.pow(2).sum()) for r in reference) or 1.0
     table: dict[str, dict[int, float]] = {}
-    for name, options in widths.items():
+    for name, options in tqdm(widths.items(), desc="sensitivity", unit="quantizer", disable=not progress, leave=False):
         quantizer: Any = named[name]
         own = bits_of_range(int(quantizer.quant_min), int(quantizer.quant_max))
         table[name] = {}
@@ -336,6 +338,7 @@ def search_mixed_precision(
     budget: Mapping[str, float] | None = None,
     prepare_custom_config_dict: Mapping[str, Any] | None = None,
     pareto: Sequence[Mapping[str, float]] | None = None,
+    progress: bool = False,
 ) -> MixedPrecisionResult:
     """Per-layer widths for ``model`` on ``backend`` within ``budget`` (see the module docstring).
 
@@ -343,7 +346,8 @@ def search_mixed_precision(
     ``{"size_bytes": N}`` and/or ``{"bitops": N}``; without one, every quantizer takes its
     least sensitive width. ``eval_fn(prepared_model) -> float`` (e.g. accuracy), when given, is
     measured on the chosen configuration calibrated on ``cali_data``, and on each point of
-    ``pareto`` (a list of budgets), whose rows land in ``result.pareto``.
+    ``pareto`` (a list of budgets), whose rows land in ``result.pareto``. The cost is one forward pass
+    of ``cali_data`` per (quantizer, candidate width), with a progress bar when ``progress``.
     """
     spec = resolve_backend(backend)
     candidates = dict(candidates or {"weight": (8, 4, 2), "activation": (8, 4)})
@@ -380,7 +384,7 @@ def search_mixed_precision(
     for name in fixed_activations:
         widths.pop(name, None)
     logger.info(f"mixed precision: sensitivity of {len(widths)} quantizers at {weight_bits} / {activation_bits} bits")
-    sensitivity = _sensitivities(prepared, batches, widths)
+    sensitivity = _sensitivities(prepared, batches, widths, progress)
 
     def choose(limits: Mapping[str, float]) -> tuple[dict[str, int], float] | None:
         chosen = solve_bit_allocation(
@@ -446,9 +450,9 @@ def mixprecision_profiling(
     """MQBench's per-layer sensitivity: ``naive`` or ``hawq`` (see the module docstring).
 
     ``data`` is ``(inputs, targets)``. ``naive`` needs ``quantized_model`` (prepared, calibrated) and
-    returns, per weighted layer, the loss with only its weights quantized; ``hawq`` returns the
-    trace of the loss Hessian over each layer's weight of the float ``model`` (Hutchinson's
-    estimator, 32 Rademacher probes).
+    returns, per weighted layer, the loss with only its weights quantized; ``hawq`` returns, as
+    MQBench's does, the largest eigenvalue of the loss Hessian over each layer's weight of the float
+    ``model`` (power iteration); ``hawq_trace`` its trace (Hutchinson's estimator, 32 probes).
     """
     inputs, targets = data
     if algo == "naive":
@@ -473,8 +477,55 @@ def mixprecision_profiling(
                 named[name].enable_fake_quant(fake_quant)
         return scores
     if algo == "hawq":
+        return hessian_eigenvalues(model, inputs, targets, criterion)
+    if algo == "hawq_trace":
         return hessian_traces(model, inputs, targets, criterion)
-    raise ValueError(f"unknown algo {algo!r}; use 'naive' or 'hawq'")
+    raise ValueError(f"unknown algo {algo!r}; use 'naive', 'hawq' or 'hawq_trace'")
+
+
+def _conv_and_linear(model: nn.Module) -> dict[str, nn.Module]:
+    layers: dict[str, nn.Module] = {
+        name: module
+        for name, module in model.named_modules()
+        if isinstance(module, (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Linear, nn.ConvTranspose2d))
+    }
+    if not layers:
+        raise ValueError("the model has no conv or linear weight")
+    return layers
+
+
+def hessian_eigenvalues(
+    model: nn.Module, inputs: Any, targets: Any, criterion: Callable, iterations: int = 100, tolerance: float = 1e-6
+) -> dict[str, float]:
+    """The largest eigenvalue of the loss Hessian over each conv/linear weight (its diagonal block).
+
+    Power iteration on Hessian-vector products, all layers at once, until every layer's Rayleigh
+    quotient changes by less than ``tolerance`` (relative) or after ``iterations`` steps.
+    """
+    layers = _conv_and_linear(model)
+    params: list[Tensor] = [cast(Tensor, module.weight) for module in layers.values()]
+    was_training = model.training
+    model.eval()
+    generator = torch.Generator().manual_seed(0)
+    try:
+        grads = torch.autograd.grad(criterion(model(*_as_args(inputs)), targets), params, create_graph=True)
+        vectors = [torch.randn(p.shape, generator=generator).to(p) for p in params]
+        vectors = [v / v.norm() for v in vectors]
+        values = [0.0] * len(params)
+        for _ in range(iterations):
+            products = torch.autograd.grad(grads, params, grad_outputs=vectors, retain_graph=True)
+            new = [float((v * hv).sum()) for v, hv in zip(vectors, products, strict=True)]
+            converged = all(abs(a - b) <= tolerance * max(abs(a), 1e-30) for a, b in zip(new, values, strict=True))
+            values = new
+            vectors = [hv / hv.norm().clamp_min(1e-30) for hv in products]
+            if converged:
+                break
+    finally:
+        model.train(was_training)
+    result = dict(zip(layers, values, strict=True))
+    for name, value in result.items():
+        logger.info(f"layer {name}: largest Hessian eigenvalue {value:.6g}")
+    return result
 
 
 def hessian_traces(
@@ -485,13 +536,7 @@ def hessian_traces(
     ``E[v^T H v]`` over Rademacher vectors ``v``, one Hessian-vector product per probe for all layers
     at once (the cross-layer terms vanish in expectation).
     """
-    layers = {
-        name: module
-        for name, module in model.named_modules()
-        if isinstance(module, (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Linear, nn.ConvTranspose2d))
-    }
-    if not layers:
-        raise ValueError("the model has no conv or linear weight")
+    layers = _conv_and_linear(model)
     was_training = model.training
     model.eval()
     try:

@@ -83,6 +83,7 @@ def _mixed(run: Run, model: nn.Module) -> nn.Module:
             _budget(settings["budget"], model),
             base,
             pareto,
+            progress=not run.quiet,
         )
     except ValueError as error:  # a width the backend refuses, a budget nothing fits: the message names it
         raise ConfigError(f"mixed_precision: {error}") from error
