@@ -49,7 +49,7 @@ def test_mqbench_s_application_layout_loads_with_its_reconstruction_keys():
         ({"data": {"batch_size": 0}}, r"'data\.batch_size' must be a positive integer, got 0"),
         ({"data": {"mean": [0.5, 0.5]}}, r"'data\.mean' must be a list of 1 or 3 numbers"),
         ({"model": {"type": ""}}, r"'model\.type' must be a model name or an import path"),
-        ({"trainer": {}}, r"unknown section 'trainer'; valid sections: data, extra_prepare_dict, mixed_precision, model"),
+        ({"trainer": {}}, r"unknown section 'trainer'; valid sections: data, extra_prepare_dict, mixed_precision"),
         (
             {"quantize": {"quantize_type": "advanced_ptq"}},
             r"quantize\.quantize_type is advanced_ptq but quantize\.reconstruction is",
