@@ -35,12 +35,14 @@ from scipy.optimize import Bounds, LinearConstraint, milp
 from torch import Tensor, fx, nn
 from tqdm.auto import tqdm
 
+from mqbench.advanced_ptq import calibrate
+from mqbench.advanced_ptq.reconstruction import call_with
 from mqbench.backends import resolve_backend
 from mqbench.custom_quantizer.bits import set_quantizer_bits
 from mqbench.functional import bits_of_range
 from mqbench.prepare_by_platform import prepare_by_platform
 from mqbench.utils.logger import logger
-from mqbench.utils.state import disable_all, enable_calibration, enable_quantization, is_quantizer, quantizers
+from mqbench.utils.state import all_switched_off, disable_all, is_quantizer, quantizers
 
 __all__ = [
     "MixedPrecisionResult",
@@ -127,18 +129,12 @@ def find_weighted_layers(prepared: fx.GraphModule, sample: Any, first_last_fixed
             macs[name] = int(positions * weight.numel())
 
         handles.append(modules[name].register_forward_hook(hook))
-    state = {name: (bool(q.observer_enabled[0]), bool(q.fake_quant_enabled[0])) for name, q in quantizers(prepared)}
-    disable_all(prepared)
     try:
-        with torch.no_grad():
-            prepared(*_as_args(_first_sample(sample)))
+        with all_switched_off(prepared), torch.no_grad():
+            call_with(prepared, _first_sample(sample))
     finally:
         for handle in handles:
             handle.remove()
-        named = dict(quantizers(prepared))
-        for name, (observer, fake_quant) in state.items():
-            named[name].enable_observer(observer)
-            named[name].enable_fake_quant(fake_quant)
     layers = []
     for index, node in enumerate(nodes):
         name = str(node.target)
@@ -167,10 +163,6 @@ def find_weighted_layers(prepared: fx.GraphModule, sample: Any, first_last_fixed
 def _weight_quantizer(module: nn.Module) -> Any:
     quantizer = getattr(module, "weight_fake_quant", None)
     return quantizer if isinstance(quantizer, nn.Module) and is_quantizer(quantizer) else None
-
-
-def _as_args(batch: Any) -> tuple[Any, ...]:
-    return tuple(batch) if isinstance(batch, (tuple, list)) else (batch,)
 
 
 def _first_sample(batch: Any) -> Any:
@@ -287,7 +279,7 @@ def _outputs(model: nn.Module, batches: Sequence[Any]) -> list[Tensor]:
     results = []
     with torch.no_grad():
         for batch in batches:
-            out = model(*_as_args(batch))
+            out = call_with(model, batch)
             results.append((out[0] if isinstance(out, (tuple, list)) else out).detach().double())
     return results
 
@@ -320,13 +312,7 @@ def _sensitivities(
 
 
 def _calibrated(model: nn.Module, backend: str, config: Mapping[str, Any], batches: Sequence[Any]) -> fx.GraphModule:
-    prepared = prepare_by_platform(copy.deepcopy(model).eval(), backend, dict(config))
-    enable_calibration(prepared)
-    with torch.no_grad():
-        for batch in batches:
-            prepared(*_as_args(batch))
-    enable_quantization(prepared)
-    return prepared
+    return calibrate(prepare_by_platform(copy.deepcopy(model).eval(), backend, dict(config)), batches)
 
 
 def search_mixed_precision(
@@ -458,23 +444,16 @@ def mixprecision_profiling(
     if algo == "naive":
         if quantized_model is None:
             raise ValueError("algo='naive' needs the prepared, calibrated quantized_model")
-        named = dict(quantizers(quantized_model))
-        state = {name: (bool(q.observer_enabled[0]), bool(q.fake_quant_enabled[0])) for name, q in named.items()}
         scores: dict[str, float] = {}
-        try:
+        with all_switched_off(quantized_model), torch.no_grad():
             for name, module in quantized_model.named_modules():
                 quantizer = _weight_quantizer(module)
                 if quantizer is None:
                     continue
-                disable_all(quantized_model)
                 quantizer.enable_fake_quant(True)
-                with torch.no_grad():
-                    scores[name] = float(criterion(quantized_model(inputs), targets))
+                scores[name] = float(criterion(quantized_model(inputs), targets))
+                quantizer.enable_fake_quant(False)
                 logger.info(f"layer {name}: loss {scores[name]:.6g} with its weights quantized")
-        finally:
-            for name, (observer, fake_quant) in state.items():
-                named[name].enable_observer(observer)
-                named[name].enable_fake_quant(fake_quant)
         return scores
     if algo == "hawq":
         return hessian_eigenvalues(model, inputs, targets, criterion)
@@ -508,7 +487,7 @@ def hessian_eigenvalues(
     model.eval()
     generator = torch.Generator().manual_seed(0)
     try:
-        grads = torch.autograd.grad(criterion(model(*_as_args(inputs)), targets), params, create_graph=True)
+        grads = torch.autograd.grad(criterion(call_with(model, inputs), targets), params, create_graph=True)
         vectors = [torch.randn(p.shape, generator=generator).to(p) for p in params]
         vectors = [v / v.norm() for v in vectors]
         values = [0.0] * len(params)
@@ -584,8 +563,6 @@ def layer_sensitivity(
         raise ValueError("layer_sensitivity needs at least one (inputs, targets) batch")
     modules = dict(prepared.named_modules())
     layers = {name: m for name, m in modules.items() if _weight_quantizer(m) is not None}
-    named = dict(quantizers(prepared))
-    state = {name: (bool(q.observer_enabled[0]), bool(q.fake_quant_enabled[0])) for name, q in named.items()}
     own = {
         name: bits_of_range(int(m.weight_fake_quant.quant_min), int(m.weight_fake_quant.quant_max))
         for name, m in layers.items()
@@ -594,53 +571,50 @@ def layer_sensitivity(
     prepared.eval()
     scores: dict[str, float] = {}
     try:
-        disable_all(prepared)
-        errors: dict[str, Tensor] = {}
-        for name, module in layers.items():
-            quantizer: Any = module.weight_fake_quant
-            if bits is not None:
-                set_quantizer_bits(quantizer, bits)
-            quantizer.enable_fake_quant(True)
-            with torch.no_grad():
-                errors[name] = (quantizer(module.weight) - module.weight).detach()
-            quantizer.enable_fake_quant(False)
-        iterator: Iterable[Any] = tqdm(layers, desc=f"sensitivity ({method})", leave=False) if progress else layers
-        if method == "loss":
-            with torch.no_grad():
-                base = [float(loss_fn(prepared(*_as_args(x)), y)) for x, y in batches]
+        with all_switched_off(prepared):
+            errors: dict[str, Tensor] = {}
+            for name, module in layers.items():
+                quantizer: Any = module.weight_fake_quant
+                if bits is not None:
+                    set_quantizer_bits(quantizer, bits)
+                quantizer.enable_fake_quant(True)
+                with torch.no_grad():
+                    errors[name] = (quantizer(module.weight) - module.weight).detach()
+                quantizer.enable_fake_quant(False)
+            iterator: Iterable[Any] = tqdm(layers, desc=f"sensitivity ({method})", leave=False) if progress else layers
+            if method == "loss":
+                with torch.no_grad():
+                    base = [float(loss_fn(call_with(prepared, x), y)) for x, y in batches]
+                    for name in iterator:
+                        quantizer = layers[name].weight_fake_quant
+                        quantizer.enable_fake_quant(True)
+                        losses = [float(loss_fn(call_with(prepared, x), y)) for x, y in batches]
+                        quantizer.enable_fake_quant(False)
+                        scores[name] = sum(q - b for q, b in zip(losses, base, strict=True)) / len(batches)
+            elif method == "hessian":
+                totals = dict.fromkeys(layers, 0.0)
+                for x, y in batches:
+                    traces = _layer_traces(prepared, layers, x, y, loss_fn, probes)
+                    for name in layers:
+                        totals[name] += traces[name]
                 for name in iterator:
-                    quantizer = layers[name].weight_fake_quant
-                    quantizer.enable_fake_quant(True)
-                    losses = [float(loss_fn(prepared(*_as_args(x)), y)) for x, y in batches]
-                    quantizer.enable_fake_quant(False)
-                    scores[name] = sum(q - b for q, b in zip(losses, base, strict=True)) / len(batches)
-        elif method == "hessian":
-            totals = dict.fromkeys(layers, 0.0)
-            for x, y in batches:
-                traces = _layer_traces(prepared, layers, x, y, loss_fn, probes)
-                for name in layers:
-                    totals[name] += traces[name]
-            for name in iterator:
-                weight = layers[name].weight
-                trace = totals[name] / len(batches)
-                scores[name] = trace / weight.numel() * float(errors[name].pow(2).sum())
-        else:
-            sums = dict.fromkeys(layers, 0.0)
-            for x, y in batches:
-                params = [layers[name].weight for name in layers]
-                grads = torch.autograd.grad(loss_fn(prepared(*_as_args(x)), y), params)
-                for name, grad in zip(layers, grads, strict=True):
-                    if method == "fisher":
-                        sums[name] += float((grad.pow(2) * errors[name].pow(2)).sum())
-                    else:
-                        sums[name] += abs(float((grad * errors[name]).sum()))
-            scores = {name: sums[name] / len(batches) for name in iterator}
+                    weight = layers[name].weight
+                    trace = totals[name] / len(batches)
+                    scores[name] = trace / weight.numel() * float(errors[name].pow(2).sum())
+            else:
+                sums = dict.fromkeys(layers, 0.0)
+                for x, y in batches:
+                    params = [layers[name].weight for name in layers]
+                    grads = torch.autograd.grad(loss_fn(call_with(prepared, x), y), params)
+                    for name, grad in zip(layers, grads, strict=True):
+                        if method == "fisher":
+                            sums[name] += float((grad.pow(2) * errors[name].pow(2)).sum())
+                        else:
+                            sums[name] += abs(float((grad * errors[name]).sum()))
+                scores = {name: sums[name] / len(batches) for name in iterator}
     finally:
         for name, module in layers.items():
             set_quantizer_bits(module.weight_fake_quant, own[name])
-        for name, (observer, fake_quant) in state.items():
-            named[name].enable_observer(observer)
-            named[name].enable_fake_quant(fake_quant)
         prepared.train(was_training)
     return scores
 
@@ -650,7 +624,7 @@ def _layer_traces(
 ) -> dict[str, float]:
     params: list[Tensor] = [cast(Tensor, module.weight) for module in layers.values()]
     generator = torch.Generator().manual_seed(0)
-    loss = loss_fn(model(*_as_args(inputs)), targets)
+    loss = loss_fn(call_with(model, inputs), targets)
     grads = torch.autograd.grad(loss, params, create_graph=True)
     totals = dict.fromkeys(layers, 0.0)
     for _ in range(probes):

@@ -41,8 +41,8 @@ Example:
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager, suppress
+from collections.abc import Iterable, Sequence
+from contextlib import suppress
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -50,9 +50,10 @@ import torch
 from torch import Tensor, fx, nn
 from tqdm.auto import tqdm
 
+from mqbench.advanced_ptq.reconstruction import call_with
 from mqbench.utils.hook import StopForwardException
 from mqbench.utils.logger import logger
-from mqbench.utils.state import is_quantizer, quantizers
+from mqbench.utils.state import all_switched_off, is_quantizer
 
 __all__ = ["LayerError", "ProfileTable", "ProfileUnit", "find_units", "profile_layers", "profiling"]
 
@@ -182,26 +183,6 @@ def is_quantizer_module(module: object) -> bool:
 
 
 # -- measuring ------------------------------------------------------------------------------------
-@contextmanager
-def _switches_restored(model: nn.Module) -> Iterator[dict[str, Any]]:
-    """Every quantizer of ``model`` by name, all switched off; their switches restored on exit."""
-    found = dict(quantizers(model))
-    saved = {name: (bool(q.observer_enabled[0]), bool(q.fake_quant_enabled[0])) for name, q in found.items()}
-    try:
-        for q in found.values():
-            q.enable_observer(False)
-            q.enable_fake_quant(False)
-        yield found
-    finally:
-        for name, (observer, fake_quant) in saved.items():
-            found[name].enable_observer(observer)
-            found[name].enable_fake_quant(fake_quant)
-
-
-def _as_args(batch: Any) -> tuple[Any, ...]:
-    return tuple(batch) if isinstance(batch, (tuple, list)) else (batch,)
-
-
 def _first_tensor(value: Any) -> Tensor:
     if isinstance(value, Tensor):
         return value
@@ -258,7 +239,7 @@ def _capture(modules: dict[str, nn.Module], names: Iterable[str], stop: bool) ->
 
 def _run(model: nn.Module, batch: Any) -> None:
     with suppress(StopForwardException):
-        model(*_as_args(batch))
+        call_with(model, batch)
 
 
 def profile_layers(
@@ -299,7 +280,7 @@ def profile_layers(
     was_training = model.training
     model.eval()
     try:
-        with _switches_restored(model) as found, torch.no_grad():
+        with all_switched_off(model) as found, torch.no_grad():
             iterator: Iterable[Any] = batches
             if progress:
                 iterator = tqdm(batches, desc="profiling", unit="batch", leave=False)

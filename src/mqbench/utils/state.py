@@ -20,6 +20,7 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any, Protocol, cast
 
 from torch import Tensor, nn
@@ -27,6 +28,7 @@ from torch import Tensor, nn
 __all__ = [
     "Quantizer",
     "UncalibratedError",
+    "all_switched_off",
     "disable_all",
     "enable_all",
     "enable_calibration",
@@ -150,3 +152,20 @@ def enable_calibration_woquantization(model: nn.Module, quantizer_type: str = "f
 def enable_calibration_quantization(model: nn.Module, quantizer_type: str = "fake_quant") -> None:
     """Calibrate and quantize the quantizers whose name contains ``quantizer_type``; the others are off."""
     _set(model, observer=True, fake_quant=True, quantizer_type=quantizer_type)
+
+
+@contextmanager
+def all_switched_off(model: nn.Module) -> Iterator[dict[str, Quantizer]]:
+    """Every quantizer of ``model`` by name, observers and fake quantization off (the float model); each
+    quantizer's switches are put back as they were on exit, whatever the block switched."""
+    found = dict(quantizers(model))
+    saved = {name: (bool(q.observer_enabled[0]), bool(q.fake_quant_enabled[0])) for name, q in found.items()}
+    try:
+        for quantizer in found.values():
+            quantizer.enable_observer(False)
+            quantizer.enable_fake_quant(False)
+        yield found
+    finally:
+        for name, (observer, fake_quant) in saved.items():
+            found[name].enable_observer(observer)
+            found[name].enable_fake_quant(fake_quant)
