@@ -145,6 +145,51 @@ def test_log_grid_forward(path, data_max):
     np.testing.assert_array_equal(t.grad.numpy(), np.ones_like(x))
 
 
+def test_log_grid_every_mantissa():
+    """Every float32 mantissa of one octave, both signs, lands on the formula's level: the kernel's code
+    within an octave depends on the mantissa alone, so this covers every input the count sees."""
+    mantissas = np.arange(2**23, dtype=np.uint32)
+    x = (mantissas | np.uint32(127 << 23)).view(np.float32)  # [1, 2)
+    x = np.concatenate([x, -x])
+    fq = NNIEFakeQuantize()
+    fq.disable_observer()
+    fq.data_max.fill_(1.5)
+    with torch.no_grad():
+        out = fq(torch.from_numpy(x))
+    np.testing.assert_array_equal(out.numpy(), log_grid_reference(x, fq.data_max.item()))
+
+
+@pytest.mark.parametrize("data_max", [0.05, 2.0, 300.0])
+def test_folded_log_grid_forward_and_gradients(path, data_max):
+    """A training ConvBn's NNIE weight, q(w f) / f per output channel: forward against the formula in
+    NumPy to the bit (the division is the multiplication by 1 / f in float32), gradients against
+    float64 autograd of the formula with the identity through q."""
+    generator = np.random.default_rng(7)
+    w = (generator.standard_normal((10, 3, 3, 3)) * data_max / 4).astype(np.float32)
+    w.reshape(-1)[:5] = 0.0
+    f = generator.uniform(0.2, 3.0, 10).astype(np.float32)
+    grad = generator.standard_normal(w.shape).astype(np.float32)
+    fq = NNIEFakeQuantize()
+    fq.disable_observer()
+    fq.data_max.fill_(data_max)
+    w_t, f_t = torch.from_numpy(w.copy()).requires_grad_(), torch.from_numpy(f.copy()).requires_grad_()
+    out = fq.quantize_folded(w_t, f_t)
+    assert out is not None
+    shape = (-1, 1, 1, 1)
+    expected = log_grid_reference(w * f.reshape(shape), fq.data_max.item()) * (np.float32(1.0) / f.reshape(shape))
+    np.testing.assert_array_equal(out.detach().numpy(), expected)
+    out.backward(torch.from_numpy(grad))
+    w64 = torch.from_numpy(w).double().requires_grad_()
+    f64 = torch.from_numpy(f).double().requires_grad_()
+    scaled = w64 * f64.reshape(shape)
+    levels = torch.from_numpy(log_grid_reference(scaled.detach().numpy(), data_max)).double()
+    quantized = scaled + (levels - scaled).detach()  # the identity gradient through the grid
+    ((quantized / f64.reshape(shape)) * torch.from_numpy(grad).double()).sum().backward()
+    torch.testing.assert_close(w_t.grad.double(), w64.grad, rtol=1e-6, atol=1e-6)
+    bound = 1e-5 * float(f64.grad.abs().max())
+    torch.testing.assert_close(f_t.grad.double(), f64.grad, rtol=1e-4, atol=bound)
+
+
 @pytest.mark.parametrize("per_channel", [True, False])
 def test_folded_learnable_forward_and_gradients(path, per_channel):
     """fq(w f) / f against the formula in float32 (forward, to the bit) and float64 autograd of the

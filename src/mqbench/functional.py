@@ -257,8 +257,10 @@ class _FoldedLearnable(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, w, factor, scale, zero_point, quant_min, quant_max, grad_factor, scale_floor):  # type: ignore[override]
-        ctx.scale_sign = torch.sign(scale)
-        scale = scale.abs().clamp_min(scale_floor)
+        ctx.scale_sign = None
+        if scale_floor is not None:  # as in _LearnableFakeQuantize
+            ctx.scale_sign = torch.sign(scale)
+            scale = scale.abs().clamp_min(scale_floor)
         ctx.save_for_backward(w, factor, scale, zero_point)
         ctx.settings = (quant_min, quant_max, grad_factor)
         return kernels.module().folded_learnable_forward(w, factor, scale, zero_point, quant_min, quant_max)
@@ -270,7 +272,9 @@ class _FoldedLearnable(torch.autograd.Function):
         grad_w, grad_scale, grad_zero_point, grad_f = kernels.module().folded_learnable_backward(
             grad, w, factor, scale, zero_point, quant_min, quant_max
         )
-        grad_scale = grad_scale.reshape(scale.shape) * grad_factor * ctx.scale_sign
+        grad_scale = grad_scale.reshape(scale.shape) * grad_factor
+        if ctx.scale_sign is not None:
+            grad_scale = grad_scale * ctx.scale_sign
         grad_zero_point = grad_zero_point.reshape(scale.shape) * grad_factor
         return grad_w, grad_f.reshape(factor.shape), grad_scale, grad_zero_point, None, None, None, None
 
@@ -284,10 +288,12 @@ def folded_learnable_fake_quantize(
     quant_max: int,
     ch_axis: int | None,
     grad_factor: float,
-    scale_floor: float,
+    scale_floor: float | None,
 ) -> Tensor:
     """``fq(weight * factor) / factor`` per output channel (axis 0) with the learned-scale ``fq`` of
     :func:`learnable_fake_quantize`: the weight of a layer whose BatchNorm is folded while training.
+    A scale or zero point that does not require grad makes it :func:`fake_quantize`'s fixed form
+    (same values, same straight-through gradient to the weight).
 
     One pass forward and one backward with the fused kernels (float32 CPU, scale per tensor or on
     axis 0); elsewhere the three ops. The output is the three ops' to the bit (the division is the

@@ -29,6 +29,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import TYPE_CHECKING, Any
 
@@ -128,32 +129,44 @@ def _power_of_2_sixteenths(m: Tensor) -> Tensor:
     return torch.pow(2.0, m / 16.0).float().double()
 
 
-# The first 23-bit mantissa t with 1 + t / 2^23 above 2 ** ((j - 1/2) / 16), j = 1..16: the
-# mantissas at which round(16 log2|x|) steps up within an octave (used by the fused kernel).
-_MANTISSA_BOUNDS = torch.tensor(
-    [math.ceil((2.0 ** ((j - 0.5) / 16.0) - 1.0) * 2**23) for j in range(1, 17)], dtype=torch.int32
-)
 _NORMAL = torch.finfo(torch.float32).tiny
 
 
-def nnie_quantize_fused(x: Tensor, data_max: Tensor) -> Tensor:
+@functools.lru_cache(maxsize=256)
+def _log_grid_operands(data_max: float) -> tuple[int, Tensor, float, float] | None:
+    """The fused kernel's operands for ``data_max``: ``z``, the 128 float32 levels and the two zero
+    thresholds; None where a threshold is below the smallest normal float (the kernel's counting
+    assumes normal floats). Cached: in QAT each quantizer calls with one ``data_max`` step after step.
+    """
+    z = exponent_offset(torch.tensor([data_max], dtype=torch.float64))
+    levels = _power_of_2_sixteenths(z + torch.arange(128, dtype=torch.float64))
+    zero_positive, zero_negative = _power_of_2_sixteenths(z - 16.0 + torch.tensor([0.0, 1.0], dtype=torch.float64))
+    if float(zero_positive) < _NORMAL:
+        return None
+    return int(z), levels.float(), float(zero_positive), float(zero_negative)
+
+
+def nnie_quantize_fused(x: Tensor, data_max: Tensor, factor: Tensor | None = None) -> Tensor:
     """:func:`nnie_quantize` with the same result in one pass over ``x`` (the fused CPU kernel).
 
+    With ``factor`` (one per slice of ``x`` along axis 0), ``nnie_quantize(x * f, data_max) / f``
+    per slice, the division being the multiplication by ``1 / f`` (BatchNorm folding in training).
     Falls back to :func:`nnie_quantize` where the kernel does not apply (not float32 on the CPU,
     kernels unavailable, or a zero threshold below the smallest normal float), and while tracing
     or exporting, which record :func:`nnie_quantize`'s ops.
     """
     tracing = torch.jit.is_tracing() or torch.onnx.is_in_onnx_export() or torch.compiler.is_compiling()
-    if tracing or not kernels.usable(x) or data_max.numel() != 1:
-        return nnie_quantize(x, data_max)
-    z = exponent_offset(data_max)
-    levels = _power_of_2_sixteenths(z + torch.arange(128, dtype=torch.float64, device=z.device))
-    zero_positive, zero_negative = _power_of_2_sixteenths(z - 16.0 + torch.tensor([0.0, 1.0], dtype=torch.float64))
-    if float(zero_positive) < _NORMAL:
-        return nnie_quantize(x, data_max)
-    return kernels.module().log_grid_forward(
-        x, int(z), levels.float(), _MANTISSA_BOUNDS, float(zero_positive), float(zero_negative)
-    )
+    tensors = (x,) if factor is None else (x, factor)
+    operands = None
+    if not tracing and kernels.usable(*tensors) and data_max.numel() == 1:
+        operands = _log_grid_operands(float(data_max))
+    if operands is None:
+        if factor is None:
+            return nnie_quantize(x, data_max)
+        shape = [-1] + [1] * (x.dim() - 1)
+        return nnie_quantize(x * factor.reshape(shape), data_max) * (1.0 / factor).reshape(shape)
+    z, levels, zero_positive, zero_negative = operands
+    return kernels.module().log_grid_forward(x, z, levels, zero_positive, zero_negative, factor)
 
 
 def nnie_quantize(x: Tensor, data_max: Tensor) -> Tensor:

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from mqbench.fake_quantize import LearnableFakeQuantize
+from mqbench.fake_quantize import FixedFakeQuantize, LearnableFakeQuantize, NNIEFakeQuantize, TqtFakeQuantize
 from mqbench.nn import intrinsic as nni
 from mqbench.nn import qat as nnqat
 from mqbench.nn.intrinsic import qat as nniqat
@@ -408,14 +408,23 @@ def test_conv_transpose_accepts_output_size(reference):
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("per_channel", [True, False])
-def test_learned_scale_weights_fold_in_one_pass_as_in_three(per_channel, monkeypatch):
-    """An LSQ weight quantizer scales, quantizes and unscales a training ConvBn's weight in one fused pass:
-    the output is the three separate ops' to the bit, every gradient theirs to float rounding."""
+FOLDED_QUANTIZERS = [
+    (LearnableFakeQuantize, True, {"scale"}),
+    (LearnableFakeQuantize, False, {"scale"}),
+    (TqtFakeQuantize, True, {"log2_threshold"}),
+    (TqtFakeQuantize, False, {"log2_threshold"}),
+    (FixedFakeQuantize, True, set()),
+    (FixedFakeQuantize, False, set()),
+    (NNIEFakeQuantize, False, set()),
+]
+
+
+@pytest.mark.parametrize(("quantizer", "per_channel", "learned"), FOLDED_QUANTIZERS)
+def test_weights_fold_in_fused_passes_as_in_three_ops(quantizer, per_channel, learned, monkeypatch):
+    """Every default weight quantizer scales, quantizes and unscales a training ConvBn's weight in fused
+    passes: the output is the three separate ops' to the bit, every gradient theirs to float rounding."""
     qscheme = torch.per_channel_symmetric if per_channel else torch.per_tensor_symmetric
-    factory = LearnableFakeQuantize.with_args(
-        observer=MinMaxObserver, quant_min=-128, quant_max=127, qscheme=qscheme, ch_axis=0
-    )
+    factory = quantizer.with_args(observer=MinMaxObserver, quant_min=-128, quant_max=127, qscheme=qscheme, ch_axis=0)
     torch.manual_seed(0)
     conv = nniqat.ConvBnReLU2d(4, 6, 3, weight_fake_quant_factory=factory)
     with torch.no_grad():
@@ -425,19 +434,29 @@ def test_learned_scale_weights_fold_in_one_pass_as_in_three(per_channel, monkeyp
     conv.weight_fake_quant.disable_observer()
     x = torch.randn(8, 4, 10, 10)
     target = torch.randn(8, 6, 8, 8)
-    results = []
+    results, fused_calls = [], []
     for fused in (True, False):
         model = copy.deepcopy(conv).train()
-        if not fused:
-            monkeypatch.setattr(type(model.weight_fake_quant), "quantize_folded", lambda *args: None)
+        kind = type(model.weight_fake_quant)
+        if fused:
+            original = kind._quantize_folded
+
+            def counted(self, *args, original=original):
+                fused_calls.append(1)
+                return original(self, *args)
+
+            monkeypatch.setattr(kind, "_quantize_folded", counted)
+        else:
+            monkeypatch.setattr(kind, "quantize_folded", lambda *args: None)
         out = model(x)
         ((out - target) ** 2).mean().backward()
         grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
         results.append((out.detach(), grads))
         monkeypatch.undo()
+    assert fused_calls == [1]
     (out_fused, grads_fused), (out_plain, grads_plain) = results
     assert torch.equal(out_fused, out_plain)
     assert set(grads_fused) == set(grads_plain)
-    assert {"weight", "bn.weight", "weight_fake_quant.scale"} <= set(grads_plain)
+    assert {"weight", "bn.weight"} | {f"weight_fake_quant.{name}" for name in learned} <= set(grads_plain)
     for name, grad in grads_plain.items():
         torch.testing.assert_close(grads_fused[name], grad, rtol=1e-4, atol=1e-6 * float(grad.abs().max() + 1e-12))

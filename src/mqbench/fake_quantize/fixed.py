@@ -8,7 +8,7 @@ import torch
 from torch import Tensor
 
 from mqbench.fake_quantize.quantize_base import QuantizeBase
-from mqbench.functional import fake_quantize
+from mqbench.functional import fake_quantize, folded_learnable_fake_quantize
 from mqbench.observer import MinMaxObserver
 
 __all__ = ["FixedFakeQuantize", "ObserverQParamsQuantizer"]
@@ -54,3 +54,11 @@ class FixedFakeQuantize(ObserverQParamsQuantizer):
 
     def quantize(self, x: Tensor) -> Tensor:
         return fake_quantize(x, self.scale, self.zero_point, self.quant_min, self.quant_max, self.axis)
+
+    def _quantize_folded(self, weight: Tensor, factor: Tensor) -> Tensor:
+        # the learned-scale kernel with a scale and zero point that take no gradient: the same
+        # values and the same straight-through gradient to the weight as quantize
+        scale, zero_point = self.scale.detach(), self.zero_point.detach()
+        return folded_learnable_fake_quantize(
+            weight, factor, scale, zero_point, self.quant_min, self.quant_max, self.axis, 1.0, scale_floor=None
+        )

@@ -115,19 +115,7 @@ class LearnableFakeQuantize(QuantizeBase):
             threshold=threshold,
         )
 
-    def quantize_folded(self, weight: Tensor, factor: Tensor) -> Tensor | None:
-        """``self(weight * factor) / factor`` per output channel in one fused pass, or None where that
-        is not what the quantizer would compute (observer or hooks to run, fake quant off, exporting)."""
-        if (
-            type(self).quantize is not LearnableFakeQuantize.quantize  # a subclass quantizing otherwise
-            or not self._switch("fake_quant")
-            or self._switch("observer")
-            or self._forward_hooks
-            or self._forward_pre_hooks
-            or torch.jit.is_tracing()
-            or bool((factor == 0).any())
-        ):
-            return None
+    def _quantize_folded(self, weight: Tensor, factor: Tensor) -> Tensor:
         return folded_learnable_fake_quantize(
             weight,
             factor,

@@ -131,6 +131,34 @@ class QuantizeBase(nn.Module):
             x = self.quantize(x)
         return x
 
+    def quantize_folded(self, weight: Tensor, factor: Tensor) -> Tensor | None:
+        """``self(weight * factor) / factor`` per output channel (axis 0) in fused passes, or None.
+
+        BatchNorm folding in training quantizes the folded weight and divides the result back; a
+        quantizer class that can do this in one pass implements ``_quantize_folded``. None where
+        that would not be what calling the quantizer computes: the observer or hooks would run,
+        fake quantization is off, a subclass quantizes otherwise, the model is being traced, or a
+        factor is 0 (the caller then runs the separate ops).
+        """
+        owner = next(k for k in type(self).__mro__ if "_quantize_folded" in vars(k))
+        if (
+            owner is QuantizeBase
+            or type(self).quantize is not owner.quantize  # type: ignore[attr-defined]
+            or not self._switch("fake_quant")
+            or self._switch("observer")
+            or self._forward_hooks
+            or self._forward_pre_hooks
+            or torch.jit.is_tracing()
+            or _exporting()
+            or bool((factor == 0).any())
+        ):
+            return None
+        return self._quantize_folded(weight, factor)
+
+    def _quantize_folded(self, weight: Tensor, factor: Tensor) -> Tensor | None:
+        """The fused form of ``quantize(weight * factor) / factor`` (see :meth:`quantize_folded`)."""
+        return None
+
     def calculate_qparams(self) -> tuple[Tensor, Tensor]:
         return self.activation_post_process.calculate_qparams()
 

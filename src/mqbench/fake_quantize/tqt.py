@@ -8,7 +8,7 @@ import torch
 from torch import Tensor, nn
 
 from mqbench.fake_quantize.quantize_base import QuantizeBase
-from mqbench.functional import EPS, ceil_ste, learnable_fake_quantize
+from mqbench.functional import EPS, ceil_ste, folded_learnable_fake_quantize, learnable_fake_quantize
 from mqbench.observer import MinMaxObserver
 
 __all__ = ["TqtFakeQuantize"]
@@ -82,6 +82,13 @@ class TqtFakeQuantize(QuantizeBase):
         scale = self._scale()
         zero_point = torch.zeros_like(scale, dtype=x.dtype)
         return learnable_fake_quantize(x, scale, zero_point, self.quant_min, self.quant_max, self.axis, 1.0)
+
+    def _quantize_folded(self, weight: Tensor, factor: Tensor) -> Tensor:
+        scale = self._scale()
+        zero_point = torch.zeros_like(scale, dtype=weight.dtype)
+        return folded_learnable_fake_quantize(
+            weight, factor, scale, zero_point, self.quant_min, self.quant_max, self.axis, 1.0, scale_floor=None
+        )
 
     def export_qparams(self) -> tuple[Tensor, Tensor]:
         return self.scale, self.zero_point

@@ -16,6 +16,7 @@
 namespace {
 
 constexpr int64_t kGrain = 1 << 15;
+constexpr int64_t kSumBlock = 512;  // elements per float partial sum in the backward kernels
 
 struct Layout {
   int64_t channels;
@@ -132,27 +133,48 @@ std::vector<torch::Tensor> learnable_forward(torch::Tensor x, torch::Tensor scal
 
 // One run of the LSQ / LSQ+ backward (elements b..e of one channel); with Drop, element i counts
 // as quantized only when r[i] < limit. Adds to the run's scale and zero-point sums.
+// 1.f where c holds, else 0.f, as bits: written as a conditional, GCC turns the products with it
+// in the backward kernels' sums into selects and leaves those loops scalar (several times slower).
+inline float unit_if(bool c) {
+  const uint32_t bits = (0u - static_cast<uint32_t>(c)) & 0x3f800000u;
+  float unit;
+  std::memcpy(&unit, &bits, sizeof(float));
+  return unit;
+}
+
 template <bool Drop>
 inline void learnable_backward_run(const float* xs, const float* gs, const uint8_t* rs, float* dx, int64_t b,
                                    int64_t e, float s, float z, float low, float high, float limit, double& sum_scale,
                                    double& sum_zero) {
-  double run_scale = 0.0, run_zero = 0.0;  // double: these sums cancel, and a run can be long
-#pragma omp simd reduction(+ : run_scale, run_zero)
-  for (int64_t i = b; i < e; ++i) {
-    const float v = xs[i] / s;
-    const float r = std::nearbyint(v);
-    const float q = r + z;
-    const float g = gs[i];
-    const float kept = Drop ? (static_cast<float>(rs[i]) < limit ? 1.f : 0.f) : 1.f;
-    const float below = q < low ? kept : 0.f, above = q > high ? kept : 0.f;
-    const float outside = below + above;
-    dx[i] = g - g * outside;
-    const float local = below * (low - z) + above * (high - z) + (kept - outside) * (r - v);
-    run_scale += static_cast<double>(g * local);
-    run_zero -= static_cast<double>(g * s * outside);
+  // The scale's gradient sum cancels: clipped elements add g (quant_max - z), up to hundreds of
+  // times g, and the sum can be far smaller. So it is split into three sums whose terms stay small,
+  // g (round(v) - v) inside and g below / above, each in float within a block of kSumBlock
+  // elements and in double across blocks; the bounds multiply the last two once, in double.
+  double inside_sum = 0.0, below_sum = 0.0, above_sum = 0.0;
+  for (int64_t start = b; start < e; start += kSumBlock) {
+    const int64_t stop = std::min(e, start + kSumBlock);
+    float block_inside = 0.f, block_below = 0.f, block_above = 0.f;
+#pragma omp simd reduction(+ : block_inside, block_below, block_above)
+    for (int64_t i = start; i < stop; ++i) {
+      const float v = xs[i] / s;
+      const float r = std::nearbyint(v);
+      const float q = r + z;
+      const float g = gs[i];
+      const bool keep = Drop ? static_cast<float>(rs[i]) < limit : true;
+      const float kept = unit_if(keep);
+      const float below = unit_if((q < low) & keep), above = unit_if((q > high) & keep);
+      const float outside = below + above;
+      dx[i] = g - g * outside;
+      block_inside += g * (kept - outside) * (r - v);
+      block_below += g * below;
+      block_above += g * above;
+    }
+    inside_sum += static_cast<double>(block_inside);
+    below_sum += static_cast<double>(block_below);
+    above_sum += static_cast<double>(block_above);
   }
-  sum_scale += run_scale;
-  sum_zero += run_zero;
+  sum_scale += inside_sum + static_cast<double>(low - z) * below_sum + static_cast<double>(high - z) * above_sum;
+  sum_zero -= static_cast<double>(s) * (below_sum + above_sum);
 }
 
 // LSQ / LSQ+ backward. Returns grad_x and the per-channel sums of
@@ -326,49 +348,108 @@ std::vector<torch::Tensor> pact_backward(torch::Tensor grad, torch::Tensor x, do
 }
 
 
-// The 8-bit logarithmic grid (mqbench.grids.nnie_quantize) without log or pow: for a normal
-// float |x| = 2^e (1 + t / 2^23), round(16 log2|x|) = 16 e + #{j : t >= mantissa_bounds[j]}, where
-// mantissa_bounds[j] is the first 23-bit mantissa at or above 2^((j - 1/2) / 16) (j = 1..16;
-// those bounds are irrational, so no float lies on one). levels[k] is the float32 level of code k
-// (2^((k + z) / 16)); below zero_below[0] (x > 0) or zero_below[1] (x <= 0) the result is 0.
-// The caller checks that both thresholds are normal floats, so no subnormal input reaches the count.
-torch::Tensor log_grid_forward(torch::Tensor x, int64_t z, torch::Tensor levels, torch::Tensor mantissa_bounds,
-                               double zero_positive, double zero_negative) {
+// The 8-bit logarithmic grid (mqbench.grids.nnie_quantize) without log or pow. For a normal float
+// |x| = 2^e m, m = 1 + t / 2^23 in [1, 2): round(16 log2|x|) = 16 e + c, where c counts the
+// boundaries 2^((j - 1/2) / 16), j = 1..16, at or below m, i.e. the odd powers 2^(2j - 1) at or
+// below m^32. So c = (E + 1) / 2 (integer division), E the binary exponent of m^32, and m^32 is
+// five squarings in double. Exact: m^32 comes no closer than 3.5e-8 (relative) to any odd power
+// of two over all 2^23 mantissas, the squarings err by under 1e-14, and a test checks every
+// mantissa. levels[k] is the float32 level of code k (2^((k + z) / 16)); below zero_below[0]
+// (x > 0) or zero_below[1] (x <= 0) the result is 0. The caller checks that both thresholds are
+// normal floats, so no subnormal input reaches the count.
+// One run of the log grid: y = q(x * fc) * rc (fc = rc = 1 for the plain grid: exact no-ops).
+inline void log_grid_run(const float* x_run, float* y_run, int64_t n, float fc, float rc, const float* level,
+                         float zp, float zn, int32_t zi) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = x_run[i] * fc;
+    const float magnitude = std::fabs(v);
+    uint32_t bits;
+    std::memcpy(&bits, &magnitude, sizeof(float));
+    double power = 1.0 + static_cast<double>(static_cast<int32_t>(bits & 0x7fffffu)) * 0x1p-23;  // m, exact
+    for (int k = 0; k < 5; ++k) power *= power;  // m^32
+    uint64_t power_bits;
+    std::memcpy(&power_bits, &power, sizeof(double));
+    const int32_t octave_exponent = static_cast<int32_t>(power_bits >> 52) - 1023;
+    const int32_t n_code = 16 * (static_cast<int32_t>(bits >> 23) - 127) + ((octave_exponent + 1) >> 1);
+    const bool positive = v > 0.f;
+    const int32_t k = std::min(std::max(n_code - zi, positive ? 0 : 1), 127);
+    const float magnitude_out = level[k];
+    const bool keep = magnitude >= (positive ? zp : zn);
+    y_run[i] = (keep ? (positive ? magnitude_out : -magnitude_out) : 0.f) * rc;
+  }
+}
+
+// With factor (one per slice of x along axis 0), the weight of a layer whose BatchNorm is folded
+// while training: out = q(x * factor[c]) * (1 / factor[c]).
+torch::Tensor log_grid_forward(torch::Tensor x, int64_t z, torch::Tensor levels, double zero_positive,
+                               double zero_negative, c10::optional<torch::Tensor> factor) {
   x = x.contiguous();
   levels = levels.to(torch::kFloat).contiguous();
-  mantissa_bounds = mantissa_bounds.to(torch::kInt).contiguous();
-  TORCH_CHECK(levels.numel() == 128 && mantissa_bounds.numel() == 16, "128 levels and 16 mantissa bounds expected");
+  TORCH_CHECK(levels.numel() == 128, "128 levels expected");
   auto out = torch::empty_like(x);
   const float* xs = x.data_ptr<float>();
   float* ys = out.data_ptr<float>();
   const float* table = levels.data_ptr<float>();
-  int32_t bounds[16];
-  std::memcpy(bounds, mantissa_bounds.data_ptr<int32_t>(), sizeof(bounds));
-  const float zero_pos = static_cast<float>(zero_positive), zero_neg = static_cast<float>(zero_negative);
-  const int32_t offset = static_cast<int32_t>(z);
-  at::parallel_for(0, x.numel(), kGrain, [&](int64_t begin, int64_t end) {
-    const float* x_run = xs;
-    float* y_run = ys;
-    const float* level = table;
-    const float zp = zero_pos, zn = zero_neg;
-    const int32_t zi = offset;
-#pragma omp simd
-    for (int64_t i = begin; i < end; ++i) {
-      const float v = x_run[i];
-      const float magnitude = std::fabs(v);
-      uint32_t bits;
-      std::memcpy(&bits, &magnitude, sizeof(float));
-      const int32_t mantissa = static_cast<int32_t>(bits & 0x7fffffu);
-      int32_t n = 16 * (static_cast<int32_t>(bits >> 23) - 127);
-      for (int j = 0; j < 16; ++j) n += mantissa >= bounds[j] ? 1 : 0;
-      const bool positive = v > 0.f;
-      const int32_t k = std::min(std::max(n - zi, positive ? 0 : 1), 127);
-      const float magnitude_out = level[k];
-      const bool keep = magnitude >= (positive ? zp : zn);
-      y_run[i] = keep ? (positive ? magnitude_out : -magnitude_out) : 0.f;
+  const float zp = static_cast<float>(zero_positive), zn = static_cast<float>(zero_negative);
+  const int32_t zi = static_cast<int32_t>(z);
+  if (!factor.has_value()) {
+    at::parallel_for(0, x.numel(), kGrain, [&](int64_t begin, int64_t end) {
+      log_grid_run(xs + begin, ys + begin, end - begin, 1.f, 1.f, table, zp, zn, zi);
+    });
+    return out;
+  }
+  const auto f = factor->to(torch::kFloat).contiguous();
+  const int64_t channels = f.numel();
+  TORCH_CHECK(x.dim() >= 1 && x.size(0) == channels, "one factor per slice along axis 0 expected");
+  const int64_t inner = channels ? x.numel() / channels : 0;
+  const float* fs = f.data_ptr<float>();
+  const int64_t grain = std::max<int64_t>(1, kGrain / std::max<int64_t>(inner, 1));
+  at::parallel_for(0, channels, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t c = begin; c < end; ++c) {
+      log_grid_run(xs + c * inner, ys + c * inner, inner, fs[c], 1.0f / fs[c], table, zp, zn, zi);
     }
   });
   return out;
+}
+
+// The factor's gradient of out = q(w * f[c]) / f[c] for a quantizer q with the identity as its
+// gradient: sum over channel c of grad * (w - out), divided by f[c] (from w * f and from 1 / f).
+// Each term is grad times the quantization error, small; float within blocks, double across.
+torch::Tensor folded_identity_factor_grad(torch::Tensor grad, torch::Tensor w, torch::Tensor out,
+                                          torch::Tensor factor) {
+  grad = grad.contiguous();
+  w = w.contiguous();
+  out = out.contiguous();
+  const auto f = factor.to(torch::kFloat).contiguous();
+  const int64_t channels = f.numel();
+  TORCH_CHECK(w.dim() >= 1 && w.size(0) == channels && grad.sizes() == w.sizes() && out.sizes() == w.sizes(),
+              "grad, w and out of one shape, one factor per slice along axis 0 expected");
+  const int64_t inner = channels ? w.numel() / channels : 0;
+  auto result = torch::empty({channels}, w.options().dtype(torch::kDouble));
+  const float* gs = grad.data_ptr<float>();
+  const float* ws = w.data_ptr<float>();
+  const float* os = out.data_ptr<float>();
+  const float* fs = f.data_ptr<float>();
+  double* rs = result.data_ptr<double>();
+  const int64_t grain = std::max<int64_t>(1, kGrain / std::max<int64_t>(inner, 1));
+  at::parallel_for(0, channels, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t c = begin; c < end; ++c) {
+      const float* g_run = gs + c * inner;
+      const float* w_run = ws + c * inner;
+      const float* o_run = os + c * inner;
+      double total = 0.0;
+      for (int64_t start = 0; start < inner; start += kSumBlock) {
+        const int64_t stop = std::min(inner, start + kSumBlock);
+        float block = 0.f;
+#pragma omp simd reduction(+ : block)
+        for (int64_t i = start; i < stop; ++i) block += g_run[i] * (w_run[i] - o_run[i]);
+        total += static_cast<double>(block);
+      }
+      rs[c] = total / static_cast<double>(fs[c]);
+    }
+  });
+  return result.to(torch::kFloat);
 }
 
 
@@ -413,6 +494,17 @@ struct Folded {
   }
 };
 
+// One output channel of folded_learnable_forward. The operands arrive as values: read through the
+// lambda's captured references they would be reloaded every iteration and the loop not vectorised.
+inline void folded_forward_run(const float* w, float* y, int64_t n, float fc, float rc, float s, float z, float low,
+                               float high) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) {
+    const float q = std::nearbyint((w[i] * fc) / s) + z;
+    y[i] = ((std::min(std::max(q, low), high) - z) * s) * rc;
+  }
+}
+
 // Learned-scale fake quantization of a weight scaled per output channel (BatchNorm folding in
 // training): out = fq(w * f[c]) * (1 / f[c]) with fq the LSQ forward above. Computes what the
 // three separate ops compute.
@@ -425,15 +517,48 @@ torch::Tensor folded_learnable_forward(torch::Tensor w, torch::Tensor factor, to
   const int64_t inner = op.inner;
   const float low = op.lo, high = op.hi;
   op.for_each_channel([&](int64_t c, float fc, float rc, float s, float z) {
-    const float* w_run = ws + c * inner;
-    float* y_run = ys + c * inner;
-#pragma omp simd
-    for (int64_t i = 0; i < inner; ++i) {
-      const float q = std::nearbyint((w_run[i] * fc) / s) + z;
-      y_run[i] = ((std::min(std::max(q, low), high) - z) * s) * rc;
-    }
+    folded_forward_run(ws + c * inner, ys + c * inner, inner, fc, rc, s, z, low, high);
   });
   return out;
+}
+
+// One output channel of folded_learnable_backward (operands as values, as in folded_forward_run).
+// Writes grad_w and returns the channel's sums for scale, zero point and factor.
+inline void folded_backward_run(const float* g_run, const float* w_run, float* d_run, int64_t n, float fc, float rc,
+                                float s, float z, float low, float high, double& sum_scale, double& sum_zero,
+                                double& sum_factor) {
+  // Split sums as in learnable_backward_run. f's gradient, sum(g w inside) / f - sum(g y) / f^2, is
+  // two nearly equal sums (y / f is w quantized); it is summed as one term per element,
+  // (g / f) (w inside - y / f): the quantization error or the clipped value, small.
+  double inside_sum = 0.0, below_sum = 0.0, above_sum = 0.0, factor_sum = 0.0;
+  for (int64_t start = 0; start < n; start += kSumBlock) {
+    const int64_t stop = std::min(n, start + kSumBlock);
+    float block_inside = 0.f, block_below = 0.f, block_above = 0.f, block_factor = 0.f;
+#pragma omp simd reduction(+ : block_inside, block_below, block_above, block_factor)
+    for (int64_t i = start; i < stop; ++i) {
+      const float w = w_run[i];
+      const float v = (w * fc) / s;
+      const float r = std::nearbyint(v);
+      const float q = r + z;
+      const float below = unit_if(q < low), above = unit_if(q > high);
+      const float inside = 1.f - (below + above);
+      const float y = (std::min(std::max(q, low), high) - z) * s;
+      const float gy = g_run[i] * rc;  // gradient reaching fq's output
+      const float du = gy * inside;    // reaching w * f (straight through inside the range)
+      d_run[i] = du * fc;
+      block_inside += du * (r - v);
+      block_below += gy * below;
+      block_above += gy * above;
+      block_factor += gy * (w * inside - y * rc);
+    }
+    inside_sum += static_cast<double>(block_inside);
+    below_sum += static_cast<double>(block_below);
+    above_sum += static_cast<double>(block_above);
+    factor_sum += static_cast<double>(block_factor);
+  }
+  sum_scale = inside_sum + static_cast<double>(low - z) * below_sum + static_cast<double>(high - z) * above_sum;
+  sum_zero = -static_cast<double>(s) * (below_sum + above_sum);
+  sum_factor = factor_sum;
 }
 
 // Backward of folded_learnable_forward. Returns grad_w and, per channel, the sums of
@@ -455,32 +580,9 @@ std::vector<torch::Tensor> folded_learnable_backward(torch::Tensor grad, torch::
   double* sum_factor = sum_zero + channels;
   const float low = op.lo, high = op.hi;
   op.for_each_channel([&](int64_t c, float fc, float rc, float s, float z) {
-    const float* g_run = gs + c * inner;
-    const float* w_run = ws + c * inner;
-    float* d_run = dw + c * inner;
-    double acc_scale = 0.0, acc_zero = 0.0, acc_uw = 0.0, acc_gy = 0.0;
-#pragma omp simd reduction(+ : acc_scale, acc_zero, acc_uw, acc_gy)
-    for (int64_t i = 0; i < inner; ++i) {
-      const float v = (w_run[i] * fc) / s;
-      const float r = std::nearbyint(v);
-      const float q = r + z;
-      const float below = q < low ? 1.f : 0.f, above = q > high ? 1.f : 0.f;
-      const float outside = below + above;
-      const float y = (std::min(std::max(q, low), high) - z) * s;
-      const float g = g_run[i];
-      const float gy = g * rc;             // gradient reaching fq's output
-      const float du = gy - gy * outside;  // reaching w * f (straight through inside the range)
-      d_run[i] = du * fc;
-      const float local = below * (low - z) + above * (high - z) + (1.f - outside) * (r - v);
-      acc_scale += static_cast<double>(gy * local);
-      acc_zero -= static_cast<double>(gy * s * outside);
-      acc_uw += static_cast<double>(du * w_run[i]);
-      acc_gy += static_cast<double>(g * y);
-    }
-    sum_scale[c] = acc_scale;
-    sum_zero[c] = acc_zero;
-    // f enters twice: through w * f and through 1 / f (whose derivative is -1 / f^2)
-    sum_factor[c] = acc_uw - acc_gy / (static_cast<double>(fc) * static_cast<double>(fc));
+    const int64_t at = c * inner;
+    folded_backward_run(gs + at, ws + at, dw + at, inner, fc, rc, s, z, low, high, sum_scale[c], sum_zero[c],
+                        sum_factor[c]);
   });
   auto grad_scale = sums[0], grad_zero = sums[1];
   if (!op.per_channel) {
@@ -497,7 +599,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("learnable_forward", &learnable_forward, "learned-scale forward, optionally dropping (output)");
   m.def("learnable_backward", &learnable_backward, "LSQ backward (grad_x, grad_scale sums, grad_zero_point sums)");
   m.def("pact_backward", &pact_backward, "PACT backward (grad_x, grad_alpha sum)");
-  m.def("log_grid_forward", &log_grid_forward, "8-bit logarithmic grid fake quantization (output)");
+  m.def("log_grid_forward", &log_grid_forward, "8-bit logarithmic grid fake quantization, optionally folded (output)");
+  m.def("folded_identity_factor_grad", &folded_identity_factor_grad, "factor gradient of q(w f) / f, identity q'");
   m.def("folded_learnable_forward", &folded_learnable_forward, "fq(w * f) / f, learned scale (output)");
   m.def("folded_learnable_backward", &folded_learnable_backward, "its backward (grad_w, scale, zero point, factor sums)");
   m.def("dsq_backward", &dsq_backward, "DSQ soft-staircase backward (grad_x, grad_alpha sum)");
