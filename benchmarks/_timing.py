@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ctypes
 import json
 import platform
 import statistics
@@ -13,6 +12,7 @@ from pathlib import Path
 import torch
 
 from mqbench.utils.host import host_facts
+from mqbench.utils.memory import keep_freed_memory
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -22,18 +22,16 @@ def steady_allocator() -> bool:
 
     Without it, whether a 10-MB output lands in recycled or newly mapped memory changes from
     call to call and from case to case, and one case of a run can come out 2-3x slower for
-    that reason alone. Applies to every case of the run alike. Returns False off glibc.
+    that reason alone. Applies to every case of the run alike; it is what mqbench's commands run
+    with (:func:`mqbench.utils.memory.keep_freed_memory`). Returns False off glibc.
     """
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-    except OSError:
-        return False
-    m_trim_threshold, m_mmap_threshold = -1, -3
-    return bool(libc.mallopt(m_mmap_threshold, 1 << 30)) and bool(libc.mallopt(m_trim_threshold, (1 << 31) - 1))
+    return keep_freed_memory()
 
 
-def time_interleaved(functions: dict[str, Callable[[], object]], repeats: int, warmup: int = 3) -> dict[str, float]:
-    """Median seconds per call of each function, calls interleaved so machine noise hits all alike."""
+def interleaved_samples(
+    functions: dict[str, Callable[[], object]], repeats: int, warmup: int = 3
+) -> dict[str, list[float]]:
+    """Seconds of each call of each function, calls interleaved so machine noise hits all alike."""
     for function in functions.values():
         for _ in range(warmup):
             function()
@@ -43,7 +41,20 @@ def time_interleaved(functions: dict[str, Callable[[], object]], repeats: int, w
             start = time.perf_counter()
             function()
             samples[name].append(time.perf_counter() - start)
+    return samples
+
+
+def time_interleaved(functions: dict[str, Callable[[], object]], repeats: int, warmup: int = 3) -> dict[str, float]:
+    """Median seconds per call of each function, calls interleaved so machine noise hits all alike."""
+    samples = interleaved_samples(functions, repeats, warmup)
     return {name: statistics.median(values) for name, values in samples.items()}
+
+
+def paired_ratio(samples: dict[str, list[float]], numerator: str, denominator: str) -> float:
+    """The median over repeats of numerator / denominator within each repeat: the calls of one repeat run
+    back to back, so a slow stretch of the machine scales both, where a ratio of medians would take them
+    from different stretches."""
+    return statistics.median(a / b for a, b in zip(samples[numerator], samples[denominator], strict=True))
 
 
 def write_json(name: str, payload: dict) -> Path:

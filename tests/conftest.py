@@ -1,11 +1,17 @@
 """Shared fixtures."""
 
+import os
+
 import pytest
 from hypothesis import settings
 
 # Timing deadlines flake on a shared 2-core machine; the properties are what is tested.
 settings.register_profile("mqbench", deadline=None)
 settings.load_profile("mqbench")
+
+# The commands keep freed memory in the heap (mqbench.utils.memory); the tests that call them in this
+# process must not change the test runner's allocator for every test after them. Tested on its own.
+os.environ.setdefault("MQBENCH_KEEP_FREED_MEMORY", "0")
 
 
 @pytest.fixture(params=[False, True], ids=["torchscript", "dynamo"])

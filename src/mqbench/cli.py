@@ -171,7 +171,9 @@ def _run_command(parser: argparse.ArgumentParser, args: argparse.Namespace) -> i
     # imported when the command runs: `mqbench --help` answers without loading torch
     from mqbench.app.config import ConfigError
     from mqbench.utils.logger import logger
+    from mqbench.utils.memory import keep_freed_memory
 
+    keep_freed_memory()  # the process is a training or calibration run: reuse freed memory
     if args.quiet:
         logger.setLevel("WARNING")
     try:
