@@ -12,20 +12,8 @@ from pathlib import Path
 import torch
 
 from mqbench.utils.host import host_facts
-from mqbench.utils.memory import keep_freed_memory
 
 RESULTS = Path(__file__).resolve().parent / "results"
-
-
-def steady_allocator() -> bool:
-    """Keep freed large blocks in the heap (glibc), so repeated calls do not re-fault fresh pages.
-
-    Without it, whether a 10-MB output lands in recycled or newly mapped memory changes from
-    call to call and from case to case, and one case of a run can come out 2-3x slower for
-    that reason alone. Applies to every case of the run alike; it is what mqbench's commands run
-    with (:func:`mqbench.utils.memory.keep_freed_memory`). Returns False off glibc.
-    """
-    return keep_freed_memory()
 
 
 def interleaved_samples(

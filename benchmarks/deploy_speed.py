@@ -55,7 +55,7 @@ from onnx import helper, numpy_helper
 from onnxruntime.capi.onnxruntime_pybind11_state import Fail, InvalidArgument, InvalidGraph, RuntimeException
 from torch import Tensor, nn
 
-from _timing import print_table, steady_allocator, time_interleaved, write_json
+from _timing import print_table, time_interleaved, write_json
 from mqbench.backends import resolve_backend
 from mqbench.convert_deploy import DeployResult, convert_deploy
 from mqbench.deploy.check import reduce_range_config
@@ -66,6 +66,7 @@ from mqbench.models import mobilenet_v2, resnet18, resnet50
 from mqbench.nn.quantized.saturation import ORT_MLAS_AVX2
 from mqbench.prepare_by_platform import prepare_by_platform
 from mqbench.utils.host import describe_host, host_facts
+from mqbench.utils.memory import keep_freed_memory
 from mqbench.utils.state import enable_calibration, enable_quantization
 
 MODELS = {"resnet18": resnet18, "mobilenet_v2": mobilenet_v2}
@@ -623,7 +624,7 @@ def main(argv: Sequence[str] | None = None) -> Path:
         workloads = [source(args, data)] if source else builtin_workloads(args)
     except InputError as error:
         parser.error(str(error))
-    steady_allocator()
+    keep_freed_memory()
     onnxruntime.set_default_logger_severity(3)  # errors only: not its notes on unused initializers
     torch.manual_seed(0)
     torch.set_num_threads(THREADS)

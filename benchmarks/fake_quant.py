@@ -14,7 +14,7 @@ import argparse
 
 import torch
 
-from _timing import print_table, steady_allocator, time_interleaved, write_json
+from _timing import print_table, time_interleaved, write_json
 from mqbench.fake_quantize import (
     DoReFaFakeQuantize,
     DSQFakeQuantize,
@@ -26,6 +26,7 @@ from mqbench.fake_quantize import (
     TqtFakeQuantize,
 )
 from mqbench.observer import MinMaxObserver, MSEObserver
+from mqbench.utils.memory import keep_freed_memory
 
 ACTIVATION = dict(quant_min=-128, quant_max=127, qscheme=torch.per_tensor_symmetric)
 WEIGHT = dict(quant_min=-128, quant_max=127, qscheme=torch.per_channel_symmetric, ch_axis=0)
@@ -56,7 +57,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(2)
     torch.manual_seed(0)
-    steady_allocator()
+    keep_freed_memory()
 
     act = torch.randn(16, 64, 56, 56).requires_grad_()
     act_grad = torch.randn_like(act)

@@ -33,9 +33,10 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from _timing import print_table, steady_allocator, time_interleaved, write_json
+from _timing import print_table, time_interleaved, write_json
 from mqbench.models import resnet18, resnet50
 from mqbench.prepare_by_platform import BackendType, prepare_by_platform
+from mqbench.utils.memory import keep_freed_memory
 from mqbench.utils.state import enable_calibration, enable_quantization
 
 THREADS = 2
@@ -199,7 +200,7 @@ def main() -> None:
     args = parser.parse_args()
     repeats = max(1, args.repeats)
     torch.set_num_threads(THREADS)
-    steady_allocator()
+    keep_freed_memory()
     torch.manual_seed(0)
     _quiet_torch_ao()
     start = time.perf_counter()

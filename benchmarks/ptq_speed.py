@@ -25,12 +25,13 @@ import warnings
 
 import torch
 
-from _timing import steady_allocator, time_interleaved, write_json
+from _timing import time_interleaved, write_json
 from mqbench.advanced_ptq import ReconstructionConfig, calibrate, find_units
 from mqbench.advanced_ptq.reconstruction import UnitCache, UnitReconstruction, float_copy
 from mqbench.models.zoo import zoo_model
 from mqbench.prepare_by_platform import prepare_by_platform
 from mqbench.utils.host import describe_host
+from mqbench.utils.memory import keep_freed_memory
 
 RECIPE = {
     "extra_qconfig_dict": {
@@ -93,7 +94,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=30)
     args = parser.parse_args()
-    steady_allocator()
+    keep_freed_memory()
     torch.manual_seed(0)
     print(describe_host())
     rows = {}

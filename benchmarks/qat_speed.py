@@ -35,12 +35,13 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from _timing import interleaved_samples, paired_ratio, steady_allocator, time_interleaved, write_json
+from _timing import interleaved_samples, paired_ratio, time_interleaved, write_json
 from mqbench.backends import ParamsTable
 from mqbench.custom_quantizer.qconfig import resolve_qconfig
 from mqbench.models import resnet18
 from mqbench.prepare_by_platform import prepare_by_platform
 from mqbench.utils.host import describe_host
+from mqbench.utils.memory import keep_freed_memory
 from mqbench.utils.state import enable_calibration, enable_quantization
 from prepare_speed import sgd_step
 
@@ -93,7 +94,7 @@ def ddp_worker(repeats: int, output: str) -> None:
     from mqbench.app.distributed import Processes, synchronise_batch_norm
 
     torch.set_num_threads(1)
-    steady_allocator()
+    keep_freed_memory()
     processes = Processes.from_env()
     torch.manual_seed(0)
     x, y = torch.randn(BATCH // 2, 3, SIZE, SIZE), torch.randint(0, 10, (BATCH // 2,))
@@ -136,7 +137,7 @@ def main() -> None:
     print(describe_host())
     print("C library's default allocator:")
     default = measure_steps(args.repeats)
-    kept = steady_allocator()
+    kept = keep_freed_memory()
     print("freed memory kept in the heap, as mqbench qat runs:" if kept else "allocator setting unavailable here:")
     steps = measure_steps(args.repeats)
     payload: dict[str, object] = {

@@ -42,6 +42,16 @@ void for_each_run(int64_t begin, int64_t end, const Layout& layout, const Body& 
   }
 }
 
+// Calls body(c) for every slice c of `channels` slices of `inner` elements each (axis 0 of a
+// weight), slices split across threads.
+template <typename Body>
+void for_each_slice(int64_t channels, int64_t inner, const Body& body) {
+  const int64_t grain = std::max<int64_t>(1, kGrain / std::max<int64_t>(inner, 1));
+  at::parallel_for(0, channels, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t c = begin; c < end; ++c) body(c);
+  });
+}
+
 std::vector<torch::Tensor> fake_quant_forward(torch::Tensor x, torch::Tensor scale, torch::Tensor zero_point,
                                               int64_t quant_min, int64_t quant_max, int64_t axis) {
   x = x.contiguous();
@@ -131,8 +141,6 @@ std::vector<torch::Tensor> learnable_forward(torch::Tensor x, torch::Tensor scal
   return {out};
 }
 
-// One run of the LSQ / LSQ+ backward (elements b..e of one channel); with Drop, element i counts
-// as quantized only when r[i] < limit. Adds to the run's scale and zero-point sums.
 // 1.f where c holds, else 0.f, as bits: written as a conditional, GCC turns the products with it
 // in the backward kernels' sums into selects and leaves those loops scalar (several times slower).
 inline float unit_if(bool c) {
@@ -142,6 +150,8 @@ inline float unit_if(bool c) {
   return unit;
 }
 
+// One run of the LSQ / LSQ+ backward (elements b..e of one channel); with Drop, element i counts
+// as quantized only when r[i] < limit. Adds to the run's scale and zero-point sums.
 template <bool Drop>
 inline void learnable_backward_run(const float* xs, const float* gs, const uint8_t* rs, float* dx, int64_t b,
                                    int64_t e, float s, float z, float low, float high, float limit, double& sum_scale,
@@ -357,6 +367,7 @@ std::vector<torch::Tensor> pact_backward(torch::Tensor grad, torch::Tensor x, do
 // mantissa. levels[k] is the float32 level of code k (2^((k + z) / 16)); below zero_below[0]
 // (x > 0) or zero_below[1] (x <= 0) the result is 0. The caller checks that both thresholds are
 // normal floats, so no subnormal input reaches the count.
+
 // One run of the log grid: y = q(x * fc) * rc (fc = rc = 1 for the plain grid: exact no-ops).
 inline void log_grid_run(const float* x_run, float* y_run, int64_t n, float fc, float rc, const float* level,
                          float zp, float zn, int32_t zi) {
@@ -404,11 +415,8 @@ torch::Tensor log_grid_forward(torch::Tensor x, int64_t z, torch::Tensor levels,
   TORCH_CHECK(x.dim() >= 1 && x.size(0) == channels, "one factor per slice along axis 0 expected");
   const int64_t inner = channels ? x.numel() / channels : 0;
   const float* fs = f.data_ptr<float>();
-  const int64_t grain = std::max<int64_t>(1, kGrain / std::max<int64_t>(inner, 1));
-  at::parallel_for(0, channels, grain, [&](int64_t begin, int64_t end) {
-    for (int64_t c = begin; c < end; ++c) {
-      log_grid_run(xs + c * inner, ys + c * inner, inner, fs[c], 1.0f / fs[c], table, zp, zn, zi);
-    }
+  for_each_slice(channels, inner, [&](int64_t c) {
+    log_grid_run(xs + c * inner, ys + c * inner, inner, fs[c], 1.0f / fs[c], table, zp, zn, zi);
   });
   return out;
 }
@@ -432,22 +440,19 @@ torch::Tensor folded_identity_factor_grad(torch::Tensor grad, torch::Tensor w, t
   const float* os = out.data_ptr<float>();
   const float* fs = f.data_ptr<float>();
   double* rs = result.data_ptr<double>();
-  const int64_t grain = std::max<int64_t>(1, kGrain / std::max<int64_t>(inner, 1));
-  at::parallel_for(0, channels, grain, [&](int64_t begin, int64_t end) {
-    for (int64_t c = begin; c < end; ++c) {
-      const float* g_run = gs + c * inner;
-      const float* w_run = ws + c * inner;
-      const float* o_run = os + c * inner;
-      double total = 0.0;
-      for (int64_t start = 0; start < inner; start += kSumBlock) {
-        const int64_t stop = std::min(inner, start + kSumBlock);
-        float block = 0.f;
+  for_each_slice(channels, inner, [&](int64_t c) {
+    const float* g_run = gs + c * inner;
+    const float* w_run = ws + c * inner;
+    const float* o_run = os + c * inner;
+    double total = 0.0;
+    for (int64_t start = 0; start < inner; start += kSumBlock) {
+      const int64_t stop = std::min(inner, start + kSumBlock);
+      float block = 0.f;
 #pragma omp simd reduction(+ : block)
-        for (int64_t i = start; i < stop; ++i) block += g_run[i] * (w_run[i] - o_run[i]);
-        total += static_cast<double>(block);
-      }
-      rs[c] = total / static_cast<double>(fs[c]);
+      for (int64_t i = start; i < stop; ++i) block += g_run[i] * (w_run[i] - o_run[i]);
+      total += static_cast<double>(block);
     }
+    rs[c] = total / static_cast<double>(fs[c]);
   });
   return result.to(torch::kFloat);
 }
@@ -484,12 +489,9 @@ struct Folded {
     const float* fs = f.data_ptr<float>();
     const float* ss = scale.data_ptr<float>();
     const float* zs = zero.data_ptr<float>();
-    const int64_t grain = std::max<int64_t>(1, kGrain / std::max<int64_t>(inner, 1));
-    at::parallel_for(0, channels, grain, [&](int64_t begin, int64_t end) {
-      for (int64_t c = begin; c < end; ++c) {
-        const int64_t k = per_channel ? c : 0;
-        body(c, fs[c], 1.0f / fs[c], ss[k], zs[k]);
-      }
+    for_each_slice(channels, inner, [&](int64_t c) {
+      const int64_t k = per_channel ? c : 0;
+      body(c, fs[c], 1.0f / fs[c], ss[k], zs[k]);
     });
   }
 };
