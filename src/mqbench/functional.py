@@ -25,6 +25,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -33,6 +35,7 @@ from mqbench import kernels
 
 __all__ = [
     "EPS",
+    "ParamTangents",
     "bits_of_range",
     "broadcast_to_axis",
     "ceil_ste",
@@ -40,6 +43,7 @@ __all__ = [
     "fake_quantize_for_export",
     "folded_learnable_fake_quantize",
     "learnable_fake_quantize",
+    "param_tangents",
     "qparams_from_range",
     "round_pot",
     "round_ste",
@@ -203,20 +207,11 @@ class _LearnableFakeQuantize(torch.autograd.Function):
             )
         else:
             s, z = _broadcast(scale, x, axis), _broadcast(zero_point, x, axis)
-            v = x / s
-            q = torch.round(v) + z
-            below, above = q < quant_min, q > quant_max
-            if drop is not None:
-                kept = drop < threshold
-                below, above = below & kept, above & kept
-                grad_kept = grad.masked_fill(~kept, 0.0)
-            else:
-                grad_kept = grad
-            outside = below | above
+            local = _learnable_local_gradients(x, s, z, quant_min, quant_max, drop, threshold)
+            outside, local_scale, local_zero = local
             grad_x = grad.masked_fill(outside, 0.0)
-            local = torch.where(below, quant_min - z, torch.where(above, quant_max - z, q - z - v))
-            grad_scale = (grad_kept * local).sum_to_size(s.shape).reshape(scale.shape)
-            grad_zero_point = (grad.masked_fill(~outside, 0.0) * -s).sum_to_size(s.shape).reshape(scale.shape)
+            grad_scale = (grad * local_scale).sum_to_size(s.shape).reshape(scale.shape)
+            grad_zero_point = (grad * local_zero).sum_to_size(s.shape).reshape(scale.shape)
         grad_scale = grad_scale * grad_factor
         if ctx.scale_sign is not None:
             grad_scale = grad_scale * ctx.scale_sign
@@ -247,9 +242,79 @@ def learnable_fake_quantize(
     axis = _axis(x, scale, ch_axis)
     zero_point = zero_point.to(x.dtype)
     zero_point = round_ste(zero_point) if zero_point.requires_grad else torch.round(zero_point)
-    return _LearnableFakeQuantize.apply(
+    out = _LearnableFakeQuantize.apply(
         x, scale, zero_point, quant_min, quant_max, axis, grad_factor, scale_floor, drop, threshold
     )
+    if axis < 0 and out.requires_grad and not x.requires_grad and not torch.compiler.is_compiling():
+        # A network input: the parameters are all that take a gradient (see ParamTangents).
+        tangents = functools.partial(
+            _learnable_tangents,
+            settings=(quant_min, quant_max, grad_factor, scale_floor, threshold),
+            wanted=(scale.requires_grad, zero_point.requires_grad),
+        )
+        inputs = (x, scale.detach(), zero_point.detach(), drop)
+        out._mqbench_param_tangents = ParamTangents((scale, zero_point), inputs, tangents)  # type: ignore[attr-defined]
+    return out
+
+
+def _learnable_local_gradients(
+    x: Tensor, s: Tensor, z: Tensor, quant_min: int, quant_max: int, drop: Tensor | None, threshold: int
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Per element of the learned-scale fake quantization: whether it is clipped, d(out)/d(scale) and
+    d(out)/d(zero point), for the scale ``s`` in use (``max(|scale|, floor)``) and the rounded zero point."""
+    v = x / s
+    q = torch.round(v) + z
+    below, above = q < quant_min, q > quant_max
+    if drop is not None:
+        kept = drop < threshold
+        below, above = below & kept, above & kept
+    outside = below | above
+    local_scale = torch.where(below, quant_min - z, torch.where(above, quant_max - z, q - z - v))
+    if drop is not None:
+        local_scale = local_scale.masked_fill(~kept, 0.0)
+    local_zero = torch.where(outside, -s, torch.zeros_like(v))
+    return outside, local_scale, local_zero
+
+
+def _learnable_tangents(
+    x: Tensor,
+    scale: Tensor,
+    zero_point: Tensor,
+    drop: Tensor | None,
+    *,
+    settings: tuple[int, int, float, float | None, int],
+    wanted: tuple[bool, bool],
+) -> tuple[Tensor | None, Tensor | None]:
+    """d(out)/d(scale) and d(out)/d(zero point) per element of :func:`learnable_fake_quantize` (per
+    tensor), gradient scaling included: the local gradients of its backward."""
+    quant_min, quant_max, grad_factor, scale_floor, threshold = settings
+    s = scale if scale_floor is None else scale.abs().clamp_min(scale_floor)
+    _, local_scale, local_zero = _learnable_local_gradients(x, s, zero_point, quant_min, quant_max, drop, threshold)
+    scale_factor = grad_factor if scale_floor is None else torch.sign(scale) * grad_factor
+    return (local_scale * scale_factor if wanted[0] else None, local_zero * grad_factor if wanted[1] else None)
+
+
+class ParamTangents(NamedTuple):
+    """How a fake-quantized tensor depends on its quantizer's parameters when its input takes no gradient.
+
+    The quantizer of a network's input feeds a layer whose input gradient is needed only for the
+    quantizer's scale: ``sum(grad_in * t)`` with ``t = d(out)/d(scale)`` per element. For a layer
+    linear in its input that equals ``sum(weight * layer_weight_gradient(grad_out, t))``, which
+    skips the gradient to the input (for a first convolution's few input channels, a transposed
+    convolution several times slower than its weight gradient). A quantizer that can describe
+    its output this way attaches one to it (read with :func:`param_tangents`):
+    ``compute(*inputs)`` gives, per parameter of ``params`` (the tensors the quantizer used), its
+    tangent shaped like the output, or None where that parameter takes no gradient.
+    """
+
+    params: tuple[Tensor, ...]
+    inputs: tuple[Tensor | None, ...]
+    compute: Callable[..., tuple[Tensor | None, ...]]
+
+
+def param_tangents(x: Tensor) -> ParamTangents | None:
+    """The :class:`ParamTangents` a per-tensor learned-scale fake quantization attached to its output ``x``."""
+    return getattr(x, "_mqbench_param_tangents", None)
 
 
 class _FoldedLearnable(torch.autograd.Function):

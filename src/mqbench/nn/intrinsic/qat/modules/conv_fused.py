@@ -66,7 +66,7 @@ class ConvReLU3d(ReLUMixin, nnqat.Conv3d):
 
 class _ConvBnMixin(BnFoldingModule):
     def _apply_weight(self, x: Tensor, weight: Tensor, bias: Tensor | None, **options: Any) -> Tensor:
-        return cast(Any, self)._conv_forward(x, weight, bias)
+        return nnqat.conv_forward(cast(Any, self), x, weight, bias)
 
     def forward(self, input: Tensor) -> Tensor:
         return self._folded_forward(input)
