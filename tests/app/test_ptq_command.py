@@ -41,7 +41,10 @@ def test_mqbench_s_application_layout_loads_with_its_reconstruction_keys():
     ("raw", "message"),
     [
         ({"quantize": {"quantize_typ": "naive_ptq"}}, r"unknown key 'quantize\.quantize_typ'; valid keys: backend,"),
-        ({"quantize": {"quantize_type": "ptq"}}, r"'quantize\.quantize_type' must be naive_ptq or advanced_ptq"),
+        (
+            {"quantize": {"quantize_type": "post_training"}},
+            r"'quantize\.quantize_type' must be naive_ptq, advanced_ptq, ptq, qat, got 'post_training'",
+        ),
         (
             {"quantize": {"deploy": {"name": "x"}}},
             r"unknown key 'quantize\.deploy\.name'; valid keys: deploy_to",
@@ -288,3 +291,59 @@ def test_mqbench_s_imagenet_configs_parse_as_they_ship():
         config = parse_config(raw, "r18_2_4.yaml")
         assert config["data"]["input_size"] == 224 and config["model"]["kwargs"] == {"num_classes": 1000}
         ReconstructionConfig.from_mapping(config["quantize"]["reconstruction"])  # every key known
+
+
+# MQBench's configs/min_max/r18_8_8.yaml key for key (its configs/mse ones differ in the observers),
+# with the data and model sections adapted to the bundled digits and the zoo, as its example expects.
+MQBENCH_MIN_MAX = """
+extra_prepare_dict:
+    extra_qconfig_dict:
+        w_observer: MinMaxObserver
+        a_observer: EMAMinMaxObserver
+        w_fakequantize: FixedFakeQuantize
+        a_fakequantize: FixedFakeQuantize
+        w_qscheme:
+            bit: 8
+            symmetry: False
+            per_channel: True
+            pot_scale: False
+        a_qscheme:
+            bit: 8
+            symmetry: False
+            per_channel: False
+            pot_scale: False
+quantize:
+    quantize_type: ptq # support ptq or qat
+    cali_batchsize: 16
+model:
+    type: resnet18
+data:
+    batch_size: 8
+    max_eval: 64
+process:
+    seed: 1005
+"""
+
+
+def test_mqbench_s_older_quantize_type_names_resolve_as_its_configs_mean_them():
+    raw = yaml.safe_load(MQBENCH_MIN_MAX)
+    assert parse_config(raw, "r18_8_8.yaml")["quantize"]["quantize_type"] == "naive_ptq"
+    raw["quantize"]["reconstruction"] = {"pattern": "block", "max_count": 10}
+    assert parse_config(raw, "r18_2_4.yaml")["quantize"]["quantize_type"] == "advanced_ptq"
+    raw["quantize"]["quantize_type"] = "qat"
+    assert parse_config(raw, "qat.yaml")["quantize"]["quantize_type"] == "qat"
+
+
+def test_mqbench_s_min_max_config_runs_and_a_qat_config_is_sent_to_mqbench_qat(tmp_path, capsys):
+    config = tmp_path / "r18_8_8.yaml"
+    config.write_text(MQBENCH_MIN_MAX)
+    run = tmp_path / "run"
+    assert main(["ptq", "--config", str(config), "--output", str(run), "--quiet"]) == 0
+    results = json.loads((run / "results.json").read_text())
+    assert results["method"] == "naive_ptq" and results["verify"]["passed"]
+    assert yaml.safe_load((run / "config.yaml").read_text())["quantize"]["quantize_type"] == "naive_ptq"
+    config.write_text(MQBENCH_MIN_MAX.replace("quantize_type: ptq", "quantize_type: qat"))
+    with pytest.raises(SystemExit) as exit_info:
+        main(["ptq", "--config", str(config), "--output", str(tmp_path / "qat_run"), "--quiet"])
+    assert exit_info.value.code == 2
+    assert "quantize.quantize_type is qat: run this configuration with mqbench qat" in capsys.readouterr().err

@@ -22,7 +22,8 @@ and the valid choices. Missing sections and keys take the defaults below.
       std: [0.229, 0.224, 0.225]
       max_eval: null            # mqbench: evaluate on at most this many validation samples
     quantize:
-      quantize_type: naive_ptq  # naive_ptq or advanced_ptq
+      quantize_type: naive_ptq  # naive_ptq or advanced_ptq; MQBench's older names: ptq (advanced_ptq when
+                                # reconstruction is given, else naive_ptq) and qat (for mqbench qat)
       cali_batchsize: 4         # calibration batches (of data.batch_size)
       backend: Academic
       reconstruction: {...}     # advanced_ptq: ptq_reconstruction's config
@@ -73,6 +74,9 @@ from typing import Any
 __all__ = ["BUDGET_KEYS", "DEFAULTS", "OPTIMIZERS", "QUANTIZE_TYPES", "ConfigError", "load_config", "parse_config"]
 
 QUANTIZE_TYPES = ("naive_ptq", "advanced_ptq")
+# Names MQBench's example configs also use ("support ptq or qat"): ptq is resolved by whether a
+# reconstruction is given; qat is kept, for mqbench qat (mqbench ptq refuses it, naming the command).
+_ACCEPTED_QUANTIZE_TYPES = (*QUANTIZE_TYPES, "ptq", "qat")
 
 DEFAULTS: dict[str, Any] = {
     "model": {"type": "resnet18", "kwargs": {}, "path": None},
@@ -187,7 +191,7 @@ _CHECKS: dict[str, dict[str, tuple[Callable[[Any], bool], str]]] = {
         "max_eval": (_optional_positive_int, "a positive integer or null"),
     },
     "quantize": {
-        "quantize_type": (lambda v: v in QUANTIZE_TYPES, " or ".join(QUANTIZE_TYPES)),
+        "quantize_type": (lambda v: v in _ACCEPTED_QUANTIZE_TYPES, ", ".join(_ACCEPTED_QUANTIZE_TYPES)),
         "cali_batchsize": (_positive_int, "a positive integer (number of calibration batches)"),
         "backend": (lambda v: isinstance(v, str) and bool(v), "a backend name (mqbench backends lists them)"),
         "reconstruction": (lambda v: v is None or _mapping(v), "a mapping (ptq_reconstruction's config)"),
@@ -272,6 +276,8 @@ def parse_config(raw: Any, source: str = "<config>") -> dict[str, Any]:
     given_budget = (raw.get("mixed_precision") or {}).get("budget")
     if given_budget is not None:  # a budget replaces the default one, not merged with it
         config["mixed_precision"]["budget"] = dict(given_budget)
+    if config["quantize"]["quantize_type"] == "ptq":
+        config["quantize"]["quantize_type"] = "advanced_ptq" if config["quantize"]["reconstruction"] else "naive_ptq"
     if config["quantize"]["quantize_type"] == "advanced_ptq" and not config["quantize"]["reconstruction"]:
         raise ConfigError(
             f"{source}: quantize.quantize_type is advanced_ptq but quantize.reconstruction is empty; give "

@@ -28,6 +28,8 @@ def quantize_ptq(run: Run, model: nn.Module) -> nn.Module:
     if run.processes.distributed:
         raise ConfigError("mqbench ptq runs in one process; torchrun is for mqbench qat")
     quantize = run.config["quantize"]
+    if quantize["quantize_type"] == "qat":
+        raise ConfigError("quantize.quantize_type is qat: run this configuration with mqbench qat")
     run.extra["method"] = quantize["quantize_type"]
     started = time.perf_counter()
     qmodel = run.prepare(model)
