@@ -148,3 +148,99 @@ def test_a_config_without_labels_or_with_advanced_ptq_is_refused(tmp_path, capsy
     with pytest.raises(SystemExit):
         main(["qat", "--config", str(config), "--output", str(tmp_path / "run"), "--quiet"])
     assert "advanced_ptq is for mqbench ptq" in capsys.readouterr().err
+
+
+# MQBench's application/lsq_configs/resnet18-4bit-acedemic.yaml key for key (its flat QAT layout).
+MQBENCH_LSQ = """
+arch: resnet18                  # model architecture
+model_path:                     # pretrained full-precision ckpt
+deploy: False
+evaluate: False
+pretrained: True
+resume:                         # resume qat ckpt
+
+epochs: 100
+start_epoch: 0
+batch_size: 512                 # 128 * 4 gpu
+optim: adam
+lr: 0.00005
+lr_scheduler: Cosine            # T = 100_epochs
+weight_decay: 0.000
+
+quantization:
+  enabled: True
+  type: Academic
+  qparams:
+    w_observer: LSQObserver
+    w_fakequantize: LearnableFakeQuantize
+    w_qscheme:
+      bit: 4
+      symmetry: True
+      per_channel: False
+      pot_scale: False
+    a_observer: LSQObserver
+    a_fakequantize: LearnableFakeQuantize
+    a_qscheme:
+      bit: 4
+      symmetry: False
+      per_channel: False
+      pot_scale: False
+"""
+
+
+def test_mqbench_s_flat_qat_layout_loads_key_for_key():
+    from mqbench.app.config import parse_config
+
+    raw = yaml.safe_load(MQBENCH_LSQ)
+    config = parse_config(raw, "resnet18-4bit-acedemic.yaml")
+    assert config["model"] == {"type": "resnet18", "kwargs": {}, "path": None}
+    assert config["data"]["batch_size"] == 512
+    training = config["training"]
+    assert (training["epochs"], training["optimizer"], training["lr"]) == (100, "adam", 0.00005)
+    assert (training["lr_scheduler"], training["weight_decay"], training["resume"]) == ("cosine", 0.0, None)
+    assert config["quantize"]["backend"] == "Academic"
+    assert config["extra_prepare_dict"]["extra_qconfig_dict"] == raw["quantization"]["qparams"]
+    assert parse_config(config, "resolved.yaml") == config  # the resolved form (a run's config.yaml) reloads
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"deploy": True}, "'deploy: True' is not a QAT run here; deploying a trained checkpoint is mqbench deploy"),
+        ({"evaluate": True}, "'evaluate: True' is not a QAT run here; evaluating a checkpoint is mqbench verify"),
+        ({"pretrained": False}, "'pretrained: False' is not a QAT run here; mqbench qat starts from the trained"),
+        ({"start_epoch": 3}, "'start_epoch: 3' is not a QAT run here; to continue a run, set resume"),
+        ({"quantization": {"enabled": False}}, "'quantization.enabled' is not true"),
+        ({"quantization": {"bits": 4}}, "unknown key 'quantization.bits'; valid keys: enabled, type, qparams"),
+        ({"lr_scheduler": "step"}, "'training.lr_scheduler' must be null (constant) or cosine, got 'step'"),
+        ({"optimiser": "adam"}, "unknown key 'optimiser' of MQBench's flat QAT layout; valid: arch, batch_size"),
+        ({"training": {"epochs": 2}}, "'epochs' and 'training.epochs' both given; keep one"),
+    ],
+)
+def test_flat_layout_values_a_qat_run_cannot_have_say_what_to_do(change, message):
+    from mqbench.app.config import ConfigError, parse_config
+
+    raw = yaml.safe_load(MQBENCH_LSQ) | change
+    with pytest.raises(ConfigError) as error:
+        parse_config(raw, "lsq.yaml")
+    assert str(error.value).startswith("lsq.yaml: ") and message in str(error.value)
+
+
+def test_a_flat_layout_config_trains_with_its_cosine_schedule(tmp_path, monkeypatch):
+    """The LSQ config with its model and data adapted (a small CNN, the digits) and two short epochs."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "tiny_models.py").write_text(TINY_MODELS)
+    raw = yaml.safe_load(MQBENCH_LSQ) | {"arch": "tiny_models:cnn", "batch_size": 16, "epochs": 2, "lr": 0.01}
+    raw |= {"data": {"input_size": 16, "max_eval": 64}, "training": {"max_steps": 2}}
+    raw |= {"quantize": {"cali_batchsize": 2, "verify_samples": 8}}
+    config = tmp_path / "lsq.yaml"
+    config.write_text(yaml.safe_dump(raw))
+    assert main(["qat", "--config", str(config), "--output", "run", "--quiet"]) == 0
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert results["status"] == "finished" and results["verify"]["passed"]
+    assert [h["epoch"] for h in results["training"]["history"]] == [1, 2]
+    checkpoint = torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=True)
+    # The second epoch ran at lr (1 + cos(pi * 1 / 2)) / 2 = lr / 2 (CosineAnnealingLR's closed form).
+    rates = [group["lr"] for group in checkpoint["optimizer"]["param_groups"]]
+    assert rates == pytest.approx([0.005] * len(rates), rel=1e-12)

@@ -37,6 +37,7 @@ and the valid choices. Missing sections and keys take the defaults below.
       momentum: 0.9             # sgd
       weight_decay: 0.0
       max_steps: null           # optimizer steps per epoch (null: the whole training set)
+      lr_scheduler: null        # null (constant) or cosine (lr (1 + cos(pi epoch / epochs)) / 2, set per epoch)
       resume: null              # checkpoint.pt of an earlier run of the same configuration
     process:
       seed: 0
@@ -50,6 +51,15 @@ and the valid choices. Missing sections and keys take the defaults below.
       pareto: []                # more budgets to sweep, each evaluated: the report's accuracy vs size plot
 
 ``data.batch_size`` is per process: under ``torchrun`` with N processes a step sees N batches.
+
+MQBench's QAT example configs (its ``lsq_configs``) are flat; they load too, each key mapped to
+one above: ``arch`` (model.type), ``model_path`` (model.path), ``resume``, ``epochs``, ``optim``
+(training.optimizer), ``lr``, ``lr_scheduler``, ``weight_decay``, ``momentum`` (training.*),
+``batch_size`` (data.batch_size, per process here), and ``quantization: {enabled, type, qparams}``
+(quantize.backend and extra_prepare_dict.extra_qconfig_dict). Its run-mode flags are accepted
+with the values of a QAT run (``deploy: false``, ``evaluate: false``, ``pretrained: true``,
+``start_epoch: 0``); other values are errors naming the mqbench command or key that does that.
+Sections of the layout above may be added next to them (``data`` for your data).
 ``data.num_workers`` and ``data.pin_memory`` are accepted for MQBench's configs; the data is read
 into memory once.
 
@@ -71,7 +81,16 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-__all__ = ["BUDGET_KEYS", "DEFAULTS", "OPTIMIZERS", "QUANTIZE_TYPES", "ConfigError", "load_config", "parse_config"]
+__all__ = [
+    "BUDGET_KEYS",
+    "DEFAULTS",
+    "LR_SCHEDULERS",
+    "OPTIMIZERS",
+    "QUANTIZE_TYPES",
+    "ConfigError",
+    "load_config",
+    "parse_config",
+]
 
 QUANTIZE_TYPES = ("naive_ptq", "advanced_ptq")
 # Names MQBench's example configs also use ("support ptq or qat"): ptq is resolved by whether a
@@ -107,6 +126,7 @@ DEFAULTS: dict[str, Any] = {
         "momentum": 0.9,
         "weight_decay": 0.0,
         "max_steps": None,
+        "lr_scheduler": None,
         "resume": None,
     },
     "process": {"seed": 0},
@@ -120,6 +140,29 @@ DEFAULTS: dict[str, Any] = {
 }
 
 OPTIMIZERS = ("adam", "adamw", "sgd")
+LR_SCHEDULERS = ("cosine",)
+
+# MQBench's flat QAT layout: key -> (section, key) of ours.
+_FLAT_KEYS = {
+    "arch": ("model", "type"),
+    "model_path": ("model", "path"),
+    "resume": ("training", "resume"),
+    "epochs": ("training", "epochs"),
+    "batch_size": ("data", "batch_size"),
+    "optim": ("training", "optimizer"),
+    "lr": ("training", "lr"),
+    "lr_scheduler": ("training", "lr_scheduler"),
+    "weight_decay": ("training", "weight_decay"),
+    "momentum": ("training", "momentum"),
+}
+# Its run-mode flags: the value a QAT run has, and what to do instead of another value.
+_FLAT_FLAGS = {
+    "deploy": (False, "deploying a trained checkpoint is mqbench deploy on the run folder"),
+    "evaluate": (False, "evaluating a checkpoint is mqbench verify on the run folder"),
+    "pretrained": (True, "mqbench qat starts from the trained model: model_path, or arch naming a trained model"),
+    "start_epoch": (0, "to continue a run, set resume to its checkpoint.pt (it holds the epoch)"),
+}
+_FLAT_QUANTIZATION = ("enabled", "type", "qparams")
 
 
 class ConfigError(ValueError):
@@ -210,6 +253,7 @@ _CHECKS: dict[str, dict[str, tuple[Callable[[Any], bool], str]]] = {
         "momentum": (lambda v: isinstance(v, int | float) and not isinstance(v, bool) and 0 <= v < 1, "in [0, 1)"),
         "weight_decay": (lambda v: isinstance(v, int | float) and not isinstance(v, bool) and v >= 0, "a number >= 0"),
         "max_steps": (_optional_positive_int, "a positive integer (steps per epoch) or null"),
+        "lr_scheduler": (lambda v: v is None or v in LR_SCHEDULERS, "null (constant) or cosine"),
         "resume": (_optional_str, "a checkpoint.pt of an earlier run of this configuration, or null"),
     },
     "process": {"seed": (lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer")},
@@ -258,12 +302,64 @@ def _check_section(name: str, given: Any, source: str, prefix: str) -> None:
             raise ConfigError(f"{source}: '{prefix}{key}' must be {valid}, got {value!r}")
 
 
+def _from_flat_layout(raw: Mapping[str, Any], source: str) -> dict[str, Any]:
+    """MQBench's flat QAT layout (see the module docstring) as this layout's sections."""
+    sections: dict[str, Any] = {k: v for k, v in raw.items() if k in DEFAULTS}
+    translated: dict[str, dict[str, Any]] = {}
+
+    def put(section: str, key: str, value: Any, flat: str) -> None:
+        given = sections.get(section) or {}
+        if isinstance(given, Mapping) and key in given:
+            raise ConfigError(f"{source}: '{flat}' and '{section}.{key}' both given; keep one")
+        translated.setdefault(section, {})[key] = value
+
+    for key, value in raw.items():
+        if key in DEFAULTS:
+            continue
+        if key in _FLAT_KEYS:
+            section, ours = _FLAT_KEYS[key]
+            if ours in ("path", "resume") and value == "":
+                value = None
+            if ours == "lr_scheduler" and isinstance(value, str):
+                value = value.lower()
+            put(section, ours, value, key)
+        elif key in _FLAT_FLAGS:
+            expected, instead = _FLAT_FLAGS[key]
+            if value != expected and not (value is None and key == "start_epoch"):
+                raise ConfigError(f"{source}: '{key}: {value}' is not a QAT run here; {instead}")
+        elif key == "quantization":
+            if not _mapping(value):
+                raise ConfigError(f"{source}: 'quantization' must be a mapping with {', '.join(_FLAT_QUANTIZATION)}")
+            unknown = [k for k in value if k not in _FLAT_QUANTIZATION]
+            if unknown:
+                valid = ", ".join(_FLAT_QUANTIZATION)
+                raise ConfigError(f"{source}: unknown key 'quantization.{unknown[0]}'; valid keys: {valid}")
+            if value.get("enabled", True) is not True:
+                raise ConfigError(f"{source}: 'quantization.enabled' is not true; mqbench qat trains quantized")
+            if "type" in value:
+                put("quantize", "backend", value["type"], "quantization.type")
+            if value.get("qparams") is not None:
+                if "extra_qconfig_dict" in (sections.get("extra_prepare_dict") or {}):
+                    raise ConfigError(
+                        f"{source}: 'quantization.qparams' and 'extra_prepare_dict.extra_qconfig_dict' both given"
+                    )
+                translated.setdefault("extra_prepare_dict", {})["extra_qconfig_dict"] = value["qparams"]
+        else:
+            choices = ", ".join(sorted([*DEFAULTS, *_FLAT_KEYS, *_FLAT_FLAGS, "quantization"]))
+            raise ConfigError(f"{source}: unknown key {key!r} of MQBench's flat QAT layout; valid: {choices}")
+    for section, values in translated.items():
+        sections[section] = {**(sections.get(section) or {}), **values}
+    return sections
+
+
 def parse_config(raw: Any, source: str = "<config>") -> dict[str, Any]:
     """Check a configuration (the parsed YAML) and fill in the defaults; ``source`` names it in errors."""
     if raw is None:
         raw = {}
     if not isinstance(raw, Mapping):
         raise ConfigError(f"{source}: a configuration is a mapping of sections, got {type(raw).__name__}")
+    if "arch" in raw or "quantization" in raw:
+        raw = _from_flat_layout(raw, source)
     for section, value in raw.items():
         if section not in DEFAULTS:
             raise ConfigError(f"{source}: unknown section {section!r}; valid sections: {', '.join(sorted(DEFAULTS))}")

@@ -16,6 +16,7 @@ Under ``torchrun --nproc_per_node N -m mqbench qat ...`` the training is data pa
 from __future__ import annotations
 
 import copy
+import math
 import statistics
 import time
 from pathlib import Path
@@ -122,6 +123,9 @@ def _quantize(run: Run, model: nn.Module) -> nn.Module:
         )
     started = time.perf_counter()
     for epoch in range(start_epoch, training["epochs"]):
+        if training["lr_scheduler"] == "cosine":  # a function of the epoch: a resumed run continues it
+            for group in optimizer.param_groups:
+                group["lr"] = float(training["lr"]) * 0.5 * (1.0 + math.cos(math.pi * epoch / training["epochs"]))
         order = torch.randperm(len(images), generator=torch.Generator().manual_seed(config["process"]["seed"] + epoch))
         trained.train()
         losses = []
