@@ -22,6 +22,21 @@ ROOT = Path(__file__).resolve().parents[2]
 GUIDE = ROOT / "docs" / "your_own_model.md"
 
 
+# A Hugging Face classifier as a user's factory would return it (built from a config here, where no
+# pretrained folder exists; from_pretrained on a local folder returns the same kind of model).
+HF_SOURCE = """
+import transformers
+
+
+def bert_classifier(num_labels=3):
+    config = transformers.BertConfig(
+        vocab_size=40, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
+        max_position_embeddings=16, num_labels=num_labels, attn_implementation="eager",
+    )
+    return transformers.BertForSequenceClassification(config).eval()
+"""
+
+
 def _user_files(folder: Path) -> None:
     from PIL import Image
 
@@ -39,6 +54,10 @@ def _user_files(folder: Path) -> None:
     torch.manual_seed(0)
     (folder / "checkpoints").mkdir()
     torch.save(small_cnn(num_classes=3, width=8).state_dict(), folder / "checkpoints" / "small_cnn.pt")
+    (package / "hf.py").write_text(HF_SOURCE)
+    tokens = np.random.default_rng(0).integers(1, 40, size=(96, 8))
+    (folder / "data").mkdir()
+    np.savez(folder / "data" / "tokens.npz", x_train=tokens[:64], y_train=tokens[:64, 0] % 3, x_val=tokens[64:])
     train, test = load_digits_split()
     for split, data in (("train", train), ("val", test)):
         for index in range(120):
@@ -72,7 +91,7 @@ def test_the_guide_runs_as_written(tmp_path, ptq_example_run):
     shutil.copytree(ROOT / "examples", tmp_path / "examples")
     _user_files(tmp_path)
     blocks = re.findall(r"```(yaml|bash)\n(.*?)```", text, flags=re.S)
-    assert [kind for kind, _ in blocks] == ["bash", "yaml", "bash", "yaml", "bash"]
+    assert [kind for kind, _ in blocks] == ["bash", "yaml", "bash", "yaml", "bash", "yaml", "bash"]
     assert SHIPPED_PTQ in blocks[0][1].splitlines()
     environment = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(tmp_path)}
     for kind, body in blocks:
@@ -90,7 +109,7 @@ def test_the_guide_runs_as_written(tmp_path, ptq_example_run):
                 _command(line), cwd=tmp_path, env=environment, capture_output=True, text=True, timeout=600
             )
             assert done.returncode == 0, f"{line}\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}"
-    for run in ("ptq_resnet18", "my_ptq", "my_qat"):
+    for run in ("ptq_resnet18", "my_bert", "my_ptq", "my_qat"):
         results = json.loads((tmp_path / "runs" / run / "results.json").read_text())
         assert results["status"] == "finished" and results["verify"]["passed"], run
         assert (tmp_path / "runs" / run / "report.html").is_file()

@@ -11,6 +11,8 @@ and the valid choices. Missing sections and keys take the defaults below.
       type: resnet18            # a zoo name, an import path "package.module:factory", or a torchvision/timm name
       kwargs: {}                # passed to the factory
       path: null                # a checkpoint (state dict), read with torch.load(weights_only=True)
+      tracer: null              # mqbench: null (torch.fx) or huggingface (transformers' HFTracer, transformers < 5)
+      input_names: null         # mqbench, huggingface: the forward arguments the data feeds (default [input_ids])
     data:
       path: null                # null: the bundled digits; a folder with train/ and val/; or a .npz file
       batch_size: 32
@@ -87,6 +89,7 @@ __all__ = [
     "LR_SCHEDULERS",
     "OPTIMIZERS",
     "QUANTIZE_TYPES",
+    "TRACERS",
     "ConfigError",
     "load_config",
     "parse_config",
@@ -98,7 +101,7 @@ QUANTIZE_TYPES = ("naive_ptq", "advanced_ptq")
 _ACCEPTED_QUANTIZE_TYPES = (*QUANTIZE_TYPES, "ptq", "qat")
 
 DEFAULTS: dict[str, Any] = {
-    "model": {"type": "resnet18", "kwargs": {}, "path": None},
+    "model": {"type": "resnet18", "kwargs": {}, "path": None, "tracer": None, "input_names": None},
     "data": {
         "path": None,
         "batch_size": 32,
@@ -140,6 +143,7 @@ DEFAULTS: dict[str, Any] = {
 }
 
 OPTIMIZERS = ("adam", "adamw", "sgd")
+TRACERS = ("huggingface",)
 LR_SCHEDULERS = ("cosine",)
 
 # MQBench's flat QAT layout: key -> (section, key) of ours.
@@ -221,6 +225,11 @@ _CHECKS: dict[str, dict[str, tuple[Callable[[Any], bool], str]]] = {
         "type": (lambda v: isinstance(v, str) and bool(v), "a model name or an import path package.module:factory"),
         "kwargs": (lambda v: v is None or _mapping(v), "a mapping of keyword arguments"),
         "path": (_optional_str, "a checkpoint file path or null"),
+        "tracer": (lambda v: v is None or v in TRACERS, "null (torch.fx) or huggingface"),
+        "input_names": (
+            lambda v: v is None or (isinstance(v, list) and len(v) == 1 and all(isinstance(n, str) and n for n in v)),
+            "null or a list of one forward argument name (the data holds one input per sample)",
+        ),
     },
     "data": {
         "path": (_optional_str, "an image folder, a .npz file or null (the bundled digits)"),
@@ -372,6 +381,8 @@ def parse_config(raw: Any, source: str = "<config>") -> dict[str, Any]:
     given_budget = (raw.get("mixed_precision") or {}).get("budget")
     if given_budget is not None:  # a budget replaces the default one, not merged with it
         config["mixed_precision"]["budget"] = dict(given_budget)
+    if config["model"]["input_names"] is not None and config["model"]["tracer"] != "huggingface":
+        raise ConfigError(f"{source}: 'model.input_names' is for model.tracer: huggingface")
     if config["quantize"]["quantize_type"] == "ptq":
         config["quantize"]["quantize_type"] = "advanced_ptq" if config["quantize"]["reconstruction"] else "naive_ptq"
     if config["quantize"]["quantize_type"] == "advanced_ptq" and not config["quantize"]["reconstruction"]:

@@ -29,7 +29,7 @@ from tqdm.auto import tqdm
 
 from mqbench.app.config import ConfigError
 from mqbench.app.distributed import restore_batch_norm, synchronise_batch_norm
-from mqbench.app.runs import Run, execute
+from mqbench.app.runs import Run, execute, prediction
 from mqbench.fake_quantize.lsq import LearnableFakeQuantize
 from mqbench.utils.state import enable_calibration, enable_quantization
 
@@ -131,7 +131,7 @@ def _quantize(run: Run, model: nn.Module) -> nn.Module:
         losses = []
         for step in tqdm(range(steps), desc=f"QAT epoch {epoch + 1}", disable=run.quiet, leave=False):
             index = processes.shard(order[step * global_batch : (step + 1) * global_batch])
-            loss = F.cross_entropy(trained(images[index]), labels[index])
+            loss = F.cross_entropy(prediction(trained(images[index])), labels[index])
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()

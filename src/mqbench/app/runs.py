@@ -17,6 +17,7 @@ files and no half-written one; ``results.json``'s ``status`` says ``running``, `
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import random
@@ -43,7 +44,7 @@ from mqbench.prepare_by_platform import prepare_by_platform
 from mqbench.utils.host import describe_host, host_facts
 from mqbench.utils.logger import logger
 
-__all__ = ["Run", "RunFolder", "describe_results", "execute"]
+__all__ = ["Run", "RunFolder", "describe_results", "execute", "huggingface_tracer", "prediction"]
 
 
 class RunFolder:
@@ -92,10 +93,23 @@ class Run:
     def batch_size(self) -> int:
         return int(self.config["data"]["batch_size"])
 
+    @property
+    def input_name(self) -> str | None:
+        """The forward argument a Hugging Face model's data feeds; None for other models."""
+        if self.config["model"]["tracer"] != "huggingface":
+            return None
+        return str((self.config["model"]["input_names"] or ["input_ids"])[0])
+
     def prepare(self, model: nn.Module) -> fx.GraphModule:
         """``prepare_by_platform`` with the configuration's backend and ``extra_prepare_dict``."""
+        options = dict(self.config["extra_prepare_dict"] or {})
+        tracer = None
+        if self.input_name is not None:
+            tracer = huggingface_tracer()
+            fixed = {name: None for name in inspect.signature(model.forward).parameters if name != self.input_name}
+            options["concrete_args"] = fixed | dict(options.get("concrete_args") or {})
         try:
-            return prepare_by_platform(model, self.spec, dict(self.config["extra_prepare_dict"] or {}))
+            return prepare_by_platform(model, self.spec, options, custom_tracer=tracer)
         except ValueError as error:  # a key or value prepare_by_platform does not take; its message names it
             raise ConfigError(f"extra_prepare_dict: {error}") from error
 
@@ -107,6 +121,29 @@ class Run:
     def accuracy(self, run: Callable[[Tensor], Any], what: str) -> float | None:
         """Top-1 accuracy on the validation samples (None without labels)."""
         return accuracy(run, self.val, self.val_labels, self.batch_size, what, self.quiet)
+
+
+def huggingface_tracer() -> fx.Tracer:
+    """transformers' ``HFTracer`` (``model.tracer: huggingface``)."""
+    try:
+        from transformers.utils.fx import HFTracer
+    except ImportError as error:
+        raise ConfigError(
+            "model.tracer: huggingface needs transformers.utils.fx.HFTracer, which transformers 4.x has and 5.x "
+            f"removed ({error}): pip install 'transformers<5'"
+        ) from error
+    return HFTracer()
+
+
+def prediction(output: Any) -> Tensor:
+    """The class scores of a model's output: the tensor, a mapping's ``logits`` (Hugging Face), or the first."""
+    if isinstance(output, Tensor):
+        return output
+    if isinstance(output, dict):  # transformers' ModelOutput is a dict too
+        return output["logits"] if "logits" in output else next(iter(output.values()))
+    if isinstance(output, tuple | list) and output:
+        return prediction(output[0])
+    raise TypeError(f"the model returned {type(output).__name__}; mqbench runs need class scores (a tensor)")
 
 
 def seed_everything(seed: int) -> None:
@@ -123,7 +160,9 @@ def accuracy(
         return None
     correct = 0
     for start in tqdm(range(0, len(images), size), desc=f"accuracy ({what})", disable=quiet, leave=False):
-        logits = torch.as_tensor(np.asarray(run(images[start : start + size])))
+        output = run(images[start : start + size])
+        structured = isinstance(output, Tensor | dict | tuple | list)  # a model's; a runtime gives an array
+        logits = prediction(output) if structured else torch.as_tensor(np.asarray(output))
         correct += int((logits.argmax(1) == labels[start : start + size]).sum())
     return correct / len(labels)
 
@@ -211,7 +250,7 @@ def _execute(
 
     started = time.perf_counter()
     model, described = load_model(config["model"])
-    data = load_data(config["data"])
+    data = load_data(config["data"], token_ids=config["model"]["tracer"] == "huggingface")
     max_eval = config["data"]["max_eval"]
     val = data.val if max_eval is None else data.val[:max_eval]
     val_labels = data.val_labels if data.val_labels is None or max_eval is None else data.val_labels[:max_eval]
@@ -244,14 +283,16 @@ def _execute(
     samples = val[: config["quantize"]["verify_samples"]]
     logger.info("deploying for %s into %s and verifying on %d samples", spec.name, deploy_folder, len(samples))
     with tqdm(total=2, desc=f"deploy for {spec.name}", disable=quiet, leave=False) as bar:
+        name = run.input_name or "x"  # a Hugging Face model's input holds token ids: a real sample traces it
         result = convert_deploy(
             qmodel,
             spec,
-            {"x": [1, *samples.shape[1:]]},
+            None if run.input_name else {name: [1, *samples.shape[1:]]},
             output_path=deploy_folder,
             model_name=deploy["model_name"],
+            dummy_input={name: samples[:1]} if run.input_name else None,
             deploy_to_qlinear=deploy["deploy_to_qlinear"],
-            dynamic_axes={"x": {0: "batch"}},
+            dynamic_axes={name: {0: "batch"}},
         )
         bar.set_description(f"verify {len(result.artifacts)} artifact(s)")
         bar.update()

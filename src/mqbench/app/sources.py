@@ -9,6 +9,12 @@ Models (``model.type``):
   directory is importable, as is ``PYTHONPATH``);
 * a torchvision or timm model name, when that package is installed.
 
+A Hugging Face model (a ``transformers`` model from a factory, e.g. ``from_pretrained`` on a local
+folder) is traced with transformers' ``HFTracer`` when ``model.tracer`` is ``huggingface``; the
+data then feeds its ``model.input_names`` argument (default ``input_ids``), the others keep their
+defaults (an ``attention_mask`` of ones: sequences of one length), and its prediction is the
+output's ``logits``.
+
 ``model.path`` is a checkpoint read with ``torch.load(weights_only=True)``: a state dict, or a dict
 holding one under ``state_dict`` or ``model`` (training scripts' layouts); a ``module.`` prefix
 (saved from DistributedDataParallel) is removed.
@@ -20,7 +26,8 @@ Data (``data.path``):
   layout), read with pillow: RGB, resized to ``test_resize`` then centre-cropped to ``input_size``,
   normalised by ``mean`` / ``std``;
 * a ``.npz`` file with ``x_train`` and ``x_val`` (float arrays, ``[N, C, H, W]``, already
-  normalised) and, for accuracy, integer ``y_train`` / ``y_val``.
+  normalised; for a Hugging Face model integer token ids ``[N, L]``, kept as int64) and, for
+  accuracy, integer ``y_train`` / ``y_val``.
 
 Example:
     >>> from mqbench.app.sources import split_import_path
@@ -207,7 +214,7 @@ def _folder_split(root: Path, section: dict[str, Any], classes: list[str] | None
     return torch.stack(images), torch.tensor(labels, dtype=torch.int64), classes
 
 
-def _npz(file: Path) -> Data:
+def _npz(file: Path, token_ids: bool) -> Data:
     import numpy as np
 
     try:
@@ -221,14 +228,24 @@ def _npz(file: Path) -> Data:
     def labels(key: str) -> Tensor | None:
         return torch.from_numpy(arrays[key].astype("int64")) if key in arrays.files else None
 
-    train = torch.from_numpy(arrays["x_train"].astype("float32"))
-    val = torch.from_numpy(arrays["x_val"].astype("float32"))
+    def inputs(key: str) -> Tensor:
+        array = arrays[key]
+        if token_ids:
+            if array.dtype.kind not in "iu":
+                raise ConfigError(f"data.path: {file}: {key} must hold integer token ids, got {array.dtype}")
+            return torch.from_numpy(array.astype("int64"))
+        return torch.from_numpy(array.astype("float32"))
+
+    train, val = inputs("x_train"), inputs("x_val")
     return Data(train, labels("y_train"), val, labels("y_val"), (), str(file))
 
 
-def load_data(section: dict[str, Any]) -> Data:
-    """The data of a configuration's ``data`` section (see the module docstring)."""
+def load_data(section: dict[str, Any], token_ids: bool = False) -> Data:
+    """The data of a configuration's ``data`` section (see the module docstring); ``token_ids``: the
+    model is a Hugging Face one, whose ``.npz`` inputs are integer token ids."""
     path = section.get("path")
+    if token_ids and (path is None or Path(path).suffix != ".npz"):
+        raise ConfigError("data.path: a Hugging Face model reads token ids from a .npz file (x_train, x_val)")
     if path is None:
         digits_train, digits_test = load_digits_split()
         size = section["input_size"]
@@ -244,7 +261,7 @@ def load_data(section: dict[str, Any]) -> Data:
     if location.suffix == ".npz":
         if not location.is_file():
             raise ConfigError(f"data.path: no such file {location}")
-        return _npz(location)
+        return _npz(location, token_ids)
     if not location.is_dir():
         raise ConfigError(f"data.path: {location} is neither a folder (train/ and val/) nor a .npz file")
     train_images, train_labels, names = _folder_split(location / "train", section, None)
