@@ -41,6 +41,11 @@ def build_parser() -> argparse.ArgumentParser:
             "tolerance (1 LSB; 2 for NNIE and Vitis)."
         ),
     )
+    verify.add_argument(
+        "--run",
+        default=None,
+        help="a finished run folder (mqbench ptq/qat --output): check the artifacts it holds against its saved model",
+    )
     verify.add_argument("--backend", nargs="+", default=None, help="backend names (default: every registered one)")
     verify.add_argument(
         "--model", default="digits", help="digits (the demo's DigitsCNN) or a model of mqbench.models.zoo"
@@ -56,6 +61,17 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="prepare with 7-bit weights (reduce_range), which CPU int8 kernels without VNNI run exactly",
     )
+    deploy = commands.add_parser(
+        "deploy",
+        help="deploy a finished run folder's quantized model again (every artifact of its backend)",
+        description=(
+            "Rebuild the quantized model of a run folder (its config.yaml and quantized_state_dict.pt) and write "
+            "every artifact its backend consumes, into the run's deploy folder unless --output names another."
+        ),
+    )
+    deploy.add_argument("--run", required=True, help="the run folder (mqbench ptq/qat --output)")
+    deploy.add_argument("--output", default=None, help="where to write the artifacts (default: the run's deploy/)")
+    deploy.add_argument("--quiet", action="store_true", help="no log lines, only the artifact list")
     ptq = commands.add_parser(
         "ptq",
         help="post-training quantization of a configured model and data, deployed and verified, in one run folder",
@@ -144,6 +160,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 parser.error(f"--{name.replace('_', '-')} must be at least 1")
         rows = run_demo(epochs=args.epochs, qat_epochs=args.qat_epochs, seed=args.seed)
         return 0 if all(row.passed for row in rows) else 1
+    if args.command == "deploy" or (args.command == "verify" and args.run is not None):
+        return _saved_run_command(parser, args)
     if args.command == "verify":
         # imported when the command runs: `mqbench --help` answers without loading torch
         from mqbench.app.check import run_verify_command
@@ -164,6 +182,33 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _run_command(parser, args)
     parser.print_help()
     return 0
+
+
+def _saved_run_command(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """``mqbench deploy --run DIR`` / ``mqbench verify --run DIR``; verify exits with 1 when a verdict failed."""
+    from mqbench.app.config import ConfigError
+    from mqbench.app.saved import deploy_saved_run, verify_saved_run
+
+    if args.command == "verify":
+        options = ("backend", "state_dict", "output_dir")
+        given = [f"--{name.replace('_', '-')}" for name in options if getattr(args, name)]
+        given += ["--reduce-range"] * args.reduce_range + ["--tensors"] * args.tensors
+        given += ["--model"] * (args.model != "digits")
+        if given:
+            parser.error(f"verify --run checks the run's own model and artifacts; drop {', '.join(given)}")
+    try:
+        if args.command == "deploy":
+            result = deploy_saved_run(args.run, args.output, quiet=args.quiet)
+            for key, path in sorted(result.artifacts.items()):
+                print(f"{key}: {path}")
+            return 0
+        check = verify_saved_run(args.run, reference=args.reference)
+    except ConfigError as error:
+        parser.error(str(error))
+    print(check.report.summary())
+    verdict = "passed" if check.passed else "FAILED"
+    print(f"{args.run}: {check.backend} artifacts {verdict} (tolerance {check.tolerance} LSB)")
+    return 0 if check.passed else 1
 
 
 def _run_command(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:

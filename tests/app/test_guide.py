@@ -91,7 +91,7 @@ def test_the_guide_runs_as_written(tmp_path, ptq_example_run):
     shutil.copytree(ROOT / "examples", tmp_path / "examples")
     _user_files(tmp_path)
     blocks = re.findall(r"```(yaml|bash)\n(.*?)```", text, flags=re.S)
-    assert [kind for kind, _ in blocks] == ["bash", "yaml", "bash", "yaml", "bash", "yaml", "bash"]
+    assert [kind for kind, _ in blocks] == ["bash", "yaml", "bash", "yaml", "bash", "yaml", "bash", "bash"]
     assert SHIPPED_PTQ in blocks[0][1].splitlines()
     environment = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(tmp_path)}
     for kind, body in blocks:
@@ -113,5 +113,6 @@ def test_the_guide_runs_as_written(tmp_path, ptq_example_run):
         results = json.loads((tmp_path / "runs" / run / "results.json").read_text())
         assert results["status"] == "finished" and results["verify"]["passed"], run
         assert (tmp_path / "runs" / run / "report.html").is_file()
+    assert (tmp_path / "runs" / "ptq_resnet18_again" / "resnet18.onnx").is_file()
     qat = json.loads((tmp_path / "runs" / "my_qat" / "results.json").read_text())
     assert qat["training"]["processes"] == 2 and len(qat["training"]["history"]) == 2

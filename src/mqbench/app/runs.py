@@ -39,12 +39,24 @@ from mqbench.app.report import layer_errors, lsb_histogram, render_html, render_
 from mqbench.app.sources import Data, load_data, load_model
 from mqbench.backends import BackendSpec, resolve_backend
 from mqbench.convert_deploy import convert_deploy
+from mqbench.deploy.context import DeployResult
 from mqbench.deploy.verify import verify_deploy
 from mqbench.prepare_by_platform import prepare_by_platform
 from mqbench.utils.host import describe_host, host_facts
 from mqbench.utils.logger import logger
 
-__all__ = ["Run", "RunFolder", "describe_results", "execute", "huggingface_tracer", "prediction"]
+__all__ = [
+    "Run",
+    "RunFolder",
+    "deploy_folder_of",
+    "deploy_model",
+    "describe_results",
+    "execute",
+    "huggingface_tracer",
+    "load_run",
+    "prediction",
+    "seed_everything",
+]
 
 
 class RunFolder:
@@ -113,6 +125,11 @@ class Run:
         except ValueError as error:  # a key or value prepare_by_platform does not take; its message names it
             raise ConfigError(f"extra_prepare_dict: {error}") from error
 
+    @property
+    def verify_samples(self) -> Tensor:
+        """The validation samples the deployment is verified on (``quantize.verify_samples``)."""
+        return self.val[: self.config["quantize"]["verify_samples"]]
+
     def calibration_batches(self) -> list[Tensor]:
         """``cali_batchsize`` global batches: every process's calibration data together (rank 0 calibrates)."""
         global_batch = self.batch_size * self.processes.world_size
@@ -121,6 +138,41 @@ class Run:
     def accuracy(self, run: Callable[[Tensor], Any], what: str) -> float | None:
         """Top-1 accuracy on the validation samples (None without labels)."""
         return accuracy(run, self.val, self.val_labels, self.batch_size, what, self.quiet)
+
+
+def load_run(
+    config: dict[str, Any], spec: BackendSpec, folder: RunFolder | None, processes: Processes, quiet: bool
+) -> tuple[Run, nn.Module, str]:
+    """The run of a checked configuration: its data loaded; with its float model and a description of it."""
+    model, described = load_model(config["model"])
+    data = load_data(config["data"], token_ids=config["model"]["tracer"] == "huggingface")
+    max_eval = config["data"]["max_eval"]
+    val = data.val if max_eval is None else data.val[:max_eval]
+    val_labels = data.val_labels if data.val_labels is None or max_eval is None else data.val_labels[:max_eval]
+    return Run(config, spec, folder, processes, quiet, data, val, val_labels), model, described
+
+
+def deploy_folder_of(config: dict[str, Any], run_folder: Path) -> Path:
+    """Where a run's artifacts go: ``quantize.deploy.output_path``, else ``deploy/`` in the run folder."""
+    output = config["quantize"]["deploy"]["output_path"]
+    return Path(output) if output else run_folder / "deploy"
+
+
+def deploy_model(run: Run, qmodel: nn.Module, output: Path) -> DeployResult:
+    """``convert_deploy`` with the configuration's deploy settings into ``output``."""
+    deploy = run.config["quantize"]["deploy"]
+    samples = run.verify_samples
+    name = run.input_name or "x"  # a Hugging Face model's input holds token ids: a real sample traces it
+    return convert_deploy(
+        qmodel,
+        run.spec,
+        None if run.input_name else {name: [1, *samples.shape[1:]]},
+        output_path=output,
+        model_name=deploy["model_name"],
+        dummy_input={name: samples[:1]} if run.input_name else None,
+        deploy_to_qlinear=deploy["deploy_to_qlinear"],
+        dynamic_axes={name: {0: "batch"}},
+    )
 
 
 def huggingface_tracer() -> fx.Tracer:
@@ -249,13 +301,9 @@ def _execute(
     seed_everything(config["process"]["seed"])
 
     started = time.perf_counter()
-    model, described = load_model(config["model"])
-    data = load_data(config["data"], token_ids=config["model"]["tracer"] == "huggingface")
-    max_eval = config["data"]["max_eval"]
-    val = data.val if max_eval is None else data.val[:max_eval]
-    val_labels = data.val_labels if data.val_labels is None or max_eval is None else data.val_labels[:max_eval]
-    run = Run(config, spec, folder, processes, quiet, data, val, val_labels)
+    run, model, described = load_run(config, spec, folder, processes, quiet)
     run.seconds["load"] = time.perf_counter() - started
+    data, val = run.data, run.val
     logger.info("model: %s; data: %s (%d train, %d validation)", described, data.source, len(data.train), len(val))
     results |= {"model": described, "host": describe_host(), "host_facts": host_facts()}
 
@@ -278,22 +326,11 @@ def _execute(
     run.seconds["simulated evaluation"] = time.perf_counter() - started
 
     started = time.perf_counter()
-    deploy = config["quantize"]["deploy"]
-    deploy_folder = Path(deploy["output_path"]) if deploy["output_path"] else folder.path / "deploy"
-    samples = val[: config["quantize"]["verify_samples"]]
+    deploy_folder = deploy_folder_of(config, folder.path)
+    samples = run.verify_samples
     logger.info("deploying for %s into %s and verifying on %d samples", spec.name, deploy_folder, len(samples))
     with tqdm(total=2, desc=f"deploy for {spec.name}", disable=quiet, leave=False) as bar:
-        name = run.input_name or "x"  # a Hugging Face model's input holds token ids: a real sample traces it
-        result = convert_deploy(
-            qmodel,
-            spec,
-            None if run.input_name else {name: [1, *samples.shape[1:]]},
-            output_path=deploy_folder,
-            model_name=deploy["model_name"],
-            dummy_input={name: samples[:1]} if run.input_name else None,
-            deploy_to_qlinear=deploy["deploy_to_qlinear"],
-            dynamic_axes={name: {0: "batch"}},
-        )
+        result = deploy_model(run, qmodel, deploy_folder)
         bar.set_description(f"verify {len(result.artifacts)} artifact(s)")
         bar.update()
         report = verify_deploy(qmodel, result, samples)
