@@ -414,3 +414,66 @@ def test_hugging_face_settings_are_checked(tmp_path):
     np.savez(floats, x_train=np.zeros((2, 4), np.float32), x_val=np.zeros((2, 4), np.float32))
     with pytest.raises(ConfigError, match=r"x_train must hold integer token ids, got float32"):
         load_data(parse_config({"data": {"path": str(floats)}}, "x.yaml")["data"], token_ids=True)
+
+
+DATASET_FACTORY = """
+import torch
+
+from mqbench.data import load_digits_split
+from mqbench.models.zoo import digits_rgb
+
+
+class Digits(torch.utils.data.Dataset):
+    classes = [str(i) for i in range(10)]
+
+    def __init__(self, split, count):
+        self.images, self.labels = digits_rgb(split.images[:count]), split.labels[:count]
+
+    def __len__(self):
+        return len(self.labels)
+
+    def __getitem__(self, index):
+        return self.images[index], int(self.labels[index])
+
+
+def digits(count=64):
+    train, test = load_digits_split()
+    return {"train": Digits(train, count), "val": Digits(test, count)}
+
+
+def one_dataset():
+    return Digits(load_digits_split()[0], 8)
+"""
+
+
+def test_a_python_dataset_factory(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "my_data.py").write_text(DATASET_FACTORY)
+    raw = {
+        "model": {"type": "resnet18"},
+        "data": {"factory": "my_data:digits", "kwargs": {"count": 48}, "batch_size": 16},
+        "quantize": {"backend": "Tensorrt", "cali_batchsize": 2, "verify_samples": 8},
+    }
+    config = tmp_path / "factory.yaml"
+    config.write_text(yaml.safe_dump(raw))
+    assert main(["ptq", "--config", str(config), "--output", "run", "--quiet"]) == 0
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert results["status"] == "finished" and results["verify"]["passed"]
+    assert results["data"]["source"] == "my_data:digits" and results["data"]["val_samples"] == 48
+    assert results["data"]["classes"] == [str(i) for i in range(10)]
+    _, test = load_digits_split()
+    with torch.no_grad():
+        float_accuracy = zoo_model("resnet18").model(digits_rgb(test.images[:48])).argmax(1) == test.labels[:48]
+    assert results["accuracy"]["float"] == pytest.approx(int(float_accuracy.sum()) / 48, abs=1e-12)
+
+    for data, message in (
+        ({"factory": "my_data:one_dataset"}, "returned Digits; it returns the training and validation datasets"),
+        ({"factory": "my_data:absent"}, "data.factory 'my_data:absent': 'my_data' has no callable 'absent'"),
+        ({"factory": "my_data:digits", "path": "x.npz"}, "'data.path' and 'data.factory' both given"),
+    ):
+        config.write_text(yaml.safe_dump({**raw, "data": data}))
+        with pytest.raises(SystemExit) as exit_info:
+            main(["ptq", "--config", str(config), "--output", "bad", "--quiet"])
+        assert exit_info.value.code == 2
+        assert message in capsys.readouterr().err

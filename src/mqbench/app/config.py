@@ -15,6 +15,8 @@ and the valid choices. Missing sections and keys take the defaults below.
       input_names: null         # mqbench, huggingface: the forward arguments the data feeds (default [input_ids])
     data:
       path: null                # null: the bundled digits; a folder with train/ and val/; or a .npz file
+      factory: null             # mqbench: instead of path, package.module:function returning the train and
+      kwargs: {}                #   val datasets ({train, val} or a pair), called with data.kwargs
       batch_size: 32
       num_workers: 0
       pin_memory: false
@@ -104,6 +106,8 @@ DEFAULTS: dict[str, Any] = {
     "model": {"type": "resnet18", "kwargs": {}, "path": None, "tracer": None, "input_names": None},
     "data": {
         "path": None,
+        "factory": None,
+        "kwargs": {},
         "batch_size": 32,
         "num_workers": 0,
         "pin_memory": False,
@@ -233,6 +237,11 @@ _CHECKS: dict[str, dict[str, tuple[Callable[[Any], bool], str]]] = {
     },
     "data": {
         "path": (_optional_str, "an image folder, a .npz file or null (the bundled digits)"),
+        "factory": (
+            lambda v: v is None or (isinstance(v, str) and ":" in v),
+            "null or an import path package.module:function returning the train and val datasets",
+        ),
+        "kwargs": (lambda v: v is None or _mapping(v), "a mapping of keyword arguments for data.factory"),
         "batch_size": (_positive_int, "a positive integer"),
         "num_workers": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0, "an integer >= 0"),
         "pin_memory": (lambda v: isinstance(v, bool), "true or false"),
@@ -381,6 +390,8 @@ def parse_config(raw: Any, source: str = "<config>") -> dict[str, Any]:
     given_budget = (raw.get("mixed_precision") or {}).get("budget")
     if given_budget is not None:  # a budget replaces the default one, not merged with it
         config["mixed_precision"]["budget"] = dict(given_budget)
+    if config["data"]["factory"] is not None and config["data"]["path"] is not None:
+        raise ConfigError(f"{source}: 'data.path' and 'data.factory' both given; the data comes from one of them")
     if config["model"]["input_names"] is not None and config["model"]["tracer"] != "huggingface":
         raise ConfigError(f"{source}: 'model.input_names' is for model.tracer: huggingface")
     if config["quantize"]["quantize_type"] == "ptq":

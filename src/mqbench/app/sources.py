@@ -27,7 +27,11 @@ Data (``data.path``):
   normalised by ``mean`` / ``std``;
 * a ``.npz`` file with ``x_train`` and ``x_val`` (float arrays, ``[N, C, H, W]``, already
   normalised; for a Hugging Face model integer token ids ``[N, L]``, kept as int64) and, for
-  accuracy, integer ``y_train`` / ``y_val``.
+  accuracy, integer ``y_train`` / ``y_val``;
+* or, with ``data.factory: package.module:function``, what ``function(**data.kwargs)`` returns: the
+  training and validation datasets as ``{"train": ..., "val": ...}`` or a pair, each a map-style
+  dataset (``len`` and indexing, as ``torch.utils.data.Dataset``) of ``(input, label)`` pairs or of
+  inputs alone. Their samples are read into memory once.
 
 Example:
     >>> from mqbench.app.sources import split_import_path
@@ -73,11 +77,11 @@ class Data:
         return [self.train[i : min(i + batch_size, count)] for i in range(0, count, batch_size)]
 
 
-def split_import_path(text: str) -> tuple[str, str]:
-    """``"package.module:factory"`` as (module, attribute); a ConfigError for anything else."""
+def split_import_path(text: str, key: str = "model.type") -> tuple[str, str]:
+    """``"package.module:factory"`` as (module, attribute); a ConfigError (naming ``key``) for anything else."""
     module, sep, attribute = text.partition(":")
     if not sep or not module or not attribute or not all(part.isidentifier() for part in module.split(".")):
-        raise ConfigError(f"model.type {text!r} is not an import path of the form package.module:factory")
+        raise ConfigError(f"{key} {text!r} is not an import path of the form package.module:factory")
     return module, attribute
 
 
@@ -108,17 +112,17 @@ def load_checkpoint(model: nn.Module, path: str | Path) -> nn.Module:
     return model
 
 
-def _factory(text: str) -> Any:
-    module_name, attribute = split_import_path(text)
+def _factory(text: str, key: str = "model.type") -> Any:
+    module_name, attribute = split_import_path(text, key)
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())  # the working directory is importable, as with `python -m`
     try:
         module = importlib.import_module(module_name)
     except ImportError as error:
-        raise ConfigError(f"model.type {text!r}: cannot import {module_name!r} ({error})") from error
+        raise ConfigError(f"{key} {text!r}: cannot import {module_name!r} ({error})") from error
     factory = getattr(module, attribute, None)
     if not callable(factory):
-        raise ConfigError(f"model.type {text!r}: {module_name!r} has no callable {attribute!r}")
+        raise ConfigError(f"{key} {text!r}: {module_name!r} has no callable {attribute!r}")
     return factory
 
 
@@ -240,12 +244,59 @@ def _npz(file: Path, token_ids: bool) -> Data:
     return Data(train, labels("y_train"), val, labels("y_val"), (), str(file))
 
 
+def _samples(dataset: Any, split: str, text: str, token_ids: bool) -> tuple[Tensor, Tensor | None]:
+    """A map-style dataset's inputs stacked (and labels, when its items are pairs)."""
+    where = f"data.factory {text!r}: its {split} dataset"
+    try:
+        items = [dataset[index] for index in range(len(dataset))]
+    except Exception as error:
+        raise ConfigError(f"{where} cannot be read by index over len() ({type(error).__name__}: {error})") from error
+    if not items:
+        raise ConfigError(f"{where} is empty")
+    pairs = all(isinstance(item, tuple | list) and len(item) == 2 for item in items)
+    inputs = [item[0] if pairs else item for item in items]
+    try:
+        stacked = torch.stack([torch.as_tensor(x) for x in inputs])
+    except Exception as error:
+        raise ConfigError(f"{where} holds inputs that do not stack into one tensor ({error})") from error
+    if token_ids:
+        if stacked.is_floating_point():
+            raise ConfigError(f"{where} must hold integer token ids for a Hugging Face model, got {stacked.dtype}")
+        stacked = stacked.to(torch.int64)
+    else:
+        stacked = stacked.to(torch.float32)
+    labels = torch.as_tensor([int(item[1]) for item in items], dtype=torch.int64) if pairs else None
+    return stacked, labels
+
+
+def _from_factory(section: dict[str, Any], token_ids: bool) -> Data:
+    text = section["factory"]
+    made = _factory(text, "data.factory")(**dict(section.get("kwargs") or {}))
+    if isinstance(made, dict) and {"train", "val"} <= set(made):
+        train, val = made["train"], made["val"]
+    elif isinstance(made, tuple | list) and len(made) == 2:
+        train, val = made
+    else:
+        raise ConfigError(
+            f"data.factory {text!r} returned {type(made).__name__}; it returns the training and validation datasets "
+            'as {"train": ..., "val": ...} or a pair'
+        )
+    train_inputs, train_labels = _samples(train, "train", text, token_ids)
+    val_inputs, val_labels = _samples(val, "val", text, token_ids)
+    classes = tuple(str(c) for c in getattr(train, "classes", ()) or ())
+    return Data(train_inputs, train_labels, val_inputs, val_labels, classes, text)
+
+
 def load_data(section: dict[str, Any], token_ids: bool = False) -> Data:
     """The data of a configuration's ``data`` section (see the module docstring); ``token_ids``: the
     model is a Hugging Face one, whose ``.npz`` inputs are integer token ids."""
     path = section.get("path")
+    if section.get("factory") is not None:
+        return _from_factory(section, token_ids)
     if token_ids and (path is None or Path(path).suffix != ".npz"):
-        raise ConfigError("data.path: a Hugging Face model reads token ids from a .npz file (x_train, x_val)")
+        raise ConfigError(
+            "data.path: a Hugging Face model reads token ids from a .npz file (x_train, x_val) or a data.factory"
+        )
     if path is None:
         digits_train, digits_test = load_digits_split()
         size = section["input_size"]
