@@ -41,7 +41,7 @@ class _ConvOfQuantizedInput(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, weight, bias, layer, tangents, *params):  # type: ignore[override]
-        ctx.layer, ctx.compute, ctx.inputs = layer, tangents.compute, len(tangents.inputs)
+        ctx.layer, ctx.compute = layer, tangents.compute
         ctx.bias_shape = None if bias is None else list(bias.shape)
         ctx.param_shapes = [param.shape for param in params]
         ctx.save_for_backward(q, weight, *tangents.inputs)
