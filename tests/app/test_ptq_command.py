@@ -477,3 +477,23 @@ def test_a_python_dataset_factory(tmp_path, monkeypatch, capsys):
             main(["ptq", "--config", str(config), "--output", "bad", "--quiet"])
         assert exit_info.value.code == 2
         assert message in capsys.readouterr().err
+
+
+def test_mqbench_s_hugging_face_trainer_layout_is_named_with_what_to_write_instead():
+    """MQBench's vit_example / swint / nlp_example configs: their sections are Trainer arguments."""
+    raw = {
+        "quant": {
+            "a_qconfig": {"quantizer": "FixedFakeQuantize", "observer": "EMAMSEObserver", "bit": 8},
+            "w_qconfig": {"quantizer": "FixedFakeQuantize", "observer": "MinMaxObserver", "bit": 8},
+            "calibrate": 1024,
+            "backend": "academic",
+        },
+        "model": {"model_name_or_path": "/root/pretrained-models/vit-base-patch16-224"},
+        "train": {"seed": 42, "do_train": False, "learning_rate": 1.0e-5},
+        "progress": {"log_level": "passive"},
+    }
+    with pytest.raises(ConfigError) as error:
+        parse_config(raw, "config.yaml")
+    message = str(error.value)
+    assert message.startswith("config.yaml: this is the layout of MQBench's Hugging Face Trainer examples")
+    assert "extra_prepare_dict.extra_qconfig_dict" in message and "model.tracer: huggingface" in message

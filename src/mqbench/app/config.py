@@ -378,6 +378,15 @@ def parse_config(raw: Any, source: str = "<config>") -> dict[str, Any]:
         raise ConfigError(f"{source}: a configuration is a mapping of sections, got {type(raw).__name__}")
     if "arch" in raw or "quantization" in raw:
         raw = _from_flat_layout(raw, source)
+    if "quant" in raw and ("train" in raw or "progress" in raw):
+        raise ConfigError(
+            f"{source}: this is the layout of MQBench's Hugging Face Trainer examples (quant, model, data, train, "
+            "progress: Trainer arguments), which mqbench does not read. Write its quantizers as "
+            "extra_prepare_dict.extra_qconfig_dict (quant.a_qconfig.quantizer -> a_fakequantize, observer -> "
+            "a_observer, bit/symmetric/ch_axis -> a_qscheme bit/symmetry/per_channel; w_qconfig likewise), "
+            "quant.backend as quantize.backend, and the model as model.type with model.tracer: huggingface "
+            "(docs/your_own_model.md)"
+        )
     for section, value in raw.items():
         if section not in DEFAULTS:
             raise ConfigError(f"{source}: unknown section {section!r}; valid sections: {', '.join(sorted(DEFAULTS))}")
