@@ -188,7 +188,10 @@ def _saved_run_command(parser: argparse.ArgumentParser, args: argparse.Namespace
     """``mqbench deploy --run DIR`` / ``mqbench verify --run DIR``; verify exits with 1 when a verdict failed."""
     from mqbench.app.config import ConfigError
     from mqbench.app.saved import deploy_saved_run, verify_saved_run
+    from mqbench.utils.logger import logger
 
+    if getattr(args, "quiet", False):
+        logger.setLevel("WARNING")
     if args.command == "verify":
         options = ("backend", "state_dict", "output_dir")
         given = [f"--{name.replace('_', '-')}" for name in options if getattr(args, name)]
