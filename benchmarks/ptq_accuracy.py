@@ -19,9 +19,9 @@ calibration subset, the reconstruction's random draws). Bit widths W8A8, W4A8, W
 
 Transformer (all-MiniLM-L6-v2, real weights, on the held-out standard-library docstrings): mean
 cosine of quantized to float sentence embeddings and nearest-neighbour agreement, for W8A8 on
-TensorRT NLP (its default recipe, without the outlier migration, and with MQBench's 8-bit residual
-adds) and W4A8 on Academic NLP (rounding to nearest vs block reconstruction, ``--minilm-iters``
-iterations per unit, over ``--seeds`` seeds).
+TensorRT NLP (its default recipe, without the outlier migration, with MQBench's 8-bit residual
+adds, and with the attention products left in float) and W4A8 on Academic NLP (rounding to
+nearest vs block reconstruction, ``--minilm-iters`` iterations per unit, over ``--seeds`` seeds).
 
 Prints the tables and writes benchmarks/results/ptq_accuracy.json.
 Run: .venv/bin/python benchmarks/ptq_accuracy.py [--seeds 3] [--iters 300] [--models resnet18,...]
