@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -9,6 +11,22 @@ import pytest
 from mqbench.cli import main
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+@pytest.fixture
+def user_modules(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[[str, str], Path]:
+    """The test's ``tmp_path`` as an importable working directory (as ``python -m`` makes it); returns
+    ``write(name, source)``, which writes the module ``name.py`` there."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    def write(name: str, source: str) -> Path:
+        path = tmp_path / f"{name}.py"
+        path.write_text(source)
+        importlib.invalidate_caches()  # a module written after the directory was put on sys.path
+        return path
+
+    return write
 
 
 @pytest.fixture(scope="session")

@@ -23,12 +23,10 @@ def cnn(num_classes=10):
 """
 
 
-def test_the_matrix_runs_every_combination_and_tabulates_what_each_run_folder_says(tmp_path, monkeypatch, capsys):
+def test_the_matrix_runs_every_combination_and_tabulates_what_each_run_folder_says(tmp_path, user_modules, capsys):
     from PIL import Image
 
-    (tmp_path / "bench_models.py").write_text(TINY)
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.syspath_prepend(str(tmp_path))
+    user_modules("bench_models", TINY)
     config = {
         "bench": {"models": ["bench_models:cnn"], "backends": ["tensorrt", "openvino"], "latency_repeats": 3},
         "data": {"batch_size": 16, "input_size": 16, "max_eval": 48},

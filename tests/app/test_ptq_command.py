@@ -4,6 +4,7 @@ here independently (the saved state dict reloaded, the deployed ONNX run on onnx
 
 from __future__ import annotations
 
+import importlib
 import json
 import textwrap
 from pathlib import Path
@@ -155,7 +156,7 @@ def _write_images(root: Path, split: str, images: torch.Tensor, labels: torch.Te
         Image.fromarray(pixels, mode="L").resize((24, 20)).save(folder / f"{index:04d}.png")
 
 
-def test_a_user_model_checkpoint_and_image_folder(tmp_path, monkeypatch):
+def test_a_user_model_checkpoint_and_image_folder(tmp_path, user_modules):
     from PIL import Image
 
     train, test = load_digits_split()
@@ -167,8 +168,7 @@ def test_a_user_model_checkpoint_and_image_folder(tmp_path, monkeypatch):
     package.mkdir()
     (package / "__init__.py").write_text("")
     (package / "nets.py").write_text(SMALL_CNN_SOURCE)
-    monkeypatch.chdir(tmp_path)  # the working directory is importable, as for `python -m`
-    monkeypatch.syspath_prepend(str(tmp_path))
+    importlib.invalidate_caches()  # the package was written after its directory went on sys.path
     from my_models.nets import small_cnn
 
     torch.manual_seed(0)
@@ -374,11 +374,9 @@ def _token_data(folder: Path) -> Path:
 
 
 @pytest.mark.parametrize("command", ["ptq", "qat"])
-def test_a_hugging_face_model_through_its_tracer(command, tmp_path, monkeypatch):
+def test_a_hugging_face_model_through_its_tracer(command, tmp_path, user_modules):
     pytest.importorskip("transformers.utils.fx", reason="HFTracer needs transformers 4.x")
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    (tmp_path / "hf_models.py").write_text(HF_MODELS)
+    user_modules("hf_models", HF_MODELS)
     raw = {
         "model": {"type": "hf_models:tiny_bert", "tracer": "huggingface"},
         "data": {"path": str(_token_data(tmp_path)), "batch_size": 16},
@@ -446,10 +444,8 @@ def one_dataset():
 """
 
 
-def test_a_python_dataset_factory(tmp_path, monkeypatch, capsys):
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    (tmp_path / "my_data.py").write_text(DATASET_FACTORY)
+def test_a_python_dataset_factory(tmp_path, user_modules, capsys):
+    user_modules("my_data", DATASET_FACTORY)
     raw = {
         "model": {"type": "resnet18"},
         "data": {"factory": "my_data:digits", "kwargs": {"count": 48}, "batch_size": 16},

@@ -90,9 +90,7 @@ def test_two_processes_train_what_one_process_trains_with_the_same_global_batch(
     assert loss_ddp == pytest.approx(loss_single, rel=1e-6)
 
 
-def test_resume_continues_where_the_checkpoint_stopped_as_an_uninterrupted_run(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.syspath_prepend(str(tmp_path))
+def test_resume_continues_where_the_checkpoint_stopped_as_an_uninterrupted_run(tmp_path, user_modules):
     whole = _config(tmp_path, 16, epochs=2)
     assert main(["qat", "--config", str(whole), "--output", "whole", "--quiet"]) == 0
     first = tmp_path / "first.yaml"
@@ -226,11 +224,9 @@ def test_flat_layout_values_a_qat_run_cannot_have_say_what_to_do(change, message
     assert str(error.value).startswith("lsq.yaml: ") and message in str(error.value)
 
 
-def test_a_flat_layout_config_trains_with_its_cosine_schedule(tmp_path, monkeypatch):
+def test_a_flat_layout_config_trains_with_its_cosine_schedule(tmp_path, user_modules):
     """The LSQ config with its model and data adapted (a small CNN, the digits) and two short epochs."""
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    (tmp_path / "tiny_models.py").write_text(TINY_MODELS)
+    user_modules("tiny_models", TINY_MODELS)
     raw = yaml.safe_load(MQBENCH_LSQ) | {"arch": "tiny_models:cnn", "batch_size": 16, "epochs": 2, "lr": 0.01}
     raw |= {"data": {"input_size": 16, "max_eval": 64}, "training": {"max_steps": 2}}
     raw |= {"quantize": {"cali_batchsize": 2, "verify_samples": 8}}

@@ -57,10 +57,8 @@ def test_verify_checks_the_files_in_the_folder(ptq_run, capsys):
     assert "FAILED" in capsys.readouterr().out.upper()
 
 
-def test_a_saved_qat_run_is_rebuilt_with_its_folded_batch_norm(tmp_path, monkeypatch, capsys):
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    (tmp_path / "tiny_models.py").write_text(TINY_MODELS)
+def test_a_saved_qat_run_is_rebuilt_with_its_folded_batch_norm(tmp_path, user_modules, capsys):
+    user_modules("tiny_models", TINY_MODELS)
     config = {
         "model": {"type": "tiny_models:cnn"},
         "data": {"batch_size": 16, "input_size": 16, "max_eval": 32},
