@@ -16,6 +16,9 @@ Methods, as MQBench's configs define them:
 
 Each cell is the mean and spread (population standard deviation) over ``--seeds`` seeds (the
 calibration subset, the reconstruction's random draws). Bit widths W8A8, W4A8, W4A4, W3A3, W2A4.
+``--trainings N`` also trains each model N times (the zoo's recipe with training seeds 0 ... N-1,
+seed 0 being the zoo's own model; each cached like it): the cells then spread over trainings x
+seeds, and the float row is the mean over the trainings.
 
 Transformer (all-MiniLM-L6-v2, real weights, on the held-out standard-library docstrings): mean
 cosine of quantized to float sentence embeddings and nearest-neighbour agreement, for W8A8 on
@@ -31,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import statistics
 import time
 import warnings
@@ -42,12 +46,13 @@ from _timing import write_json
 from mqbench.advanced_ptq import bias_correction, calibrate, cross_layer_equalization, ptq_reconstruction
 from mqbench.backends import ParamsTable, Placement
 from mqbench.data import load_digits_split
-from mqbench.models.zoo import digits_rgb, zoo_model
+from mqbench.models.zoo import VISION_MODELS, build_zoo_model, digits_rgb
 from mqbench.prepare_by_platform import prepare_by_platform
 from mqbench.utils.host import describe_host
 
 BITS = {"W8A8": (8, 8), "W4A8": (4, 8), "W4A4": (4, 4), "W3A3": (3, 3), "W2A4": (2, 4)}
 METHODS = ("MinMax", "MSE", "MSE + CLE", "MSE + BC", "AdaRound", "BRECQ", "QDrop")
+CLASSIFIERS = tuple(name for name, recipe in VISION_MODELS.items() if recipe.steps)  # the digit classifiers
 RECONSTRUCTION = {  # MQBench's adaround / brecq / qdrop configs, iterations from --iters
     "AdaRound": {"pattern": "layer", "prob": 1.0, "a_fakequantize": "FixedFakeQuantize"},
     "BRECQ": {"pattern": "block", "prob": 1.0, "a_fakequantize": "QDropFakeQuantize"},
@@ -72,6 +77,12 @@ def qconfig(method: str, w_bits: int, a_bits: int) -> dict[str, Any]:
     }
 
 
+@functools.cache
+def trained(name: str, training: int) -> torch.nn.Module:
+    """Zoo model ``name`` trained with training seed ``training`` (0: the zoo's own)."""
+    return build_zoo_model(name, dataclasses.replace(VISION_MODELS[name], seed=training)).model
+
+
 @torch.no_grad()
 def accuracy(model: torch.nn.Module, images: torch.Tensor, labels: torch.Tensor) -> float:
     correct = sum(
@@ -80,15 +91,16 @@ def accuracy(model: torch.nn.Module, images: torch.Tensor, labels: torch.Tensor)
     return 100.0 * correct / len(labels)
 
 
-def run_vision(name: str, method: str, bits: str, seed: int, args: argparse.Namespace, data: dict) -> float:
+def run_vision(
+    name: str, training: int, method: str, bits: str, seed: int, args: argparse.Namespace, data: dict
+) -> float:
     w_bits, a_bits = BITS[bits]
-    zoo = zoo_model(name)
     generator = torch.Generator().manual_seed(seed)
     pick = torch.randperm(len(data["train"]), generator=generator)[: args.calibration]
     images = data["train"][pick]
     batches = [images[i : i + args.batch] for i in range(0, len(images), args.batch)]
     torch.manual_seed(seed)
-    qmodel = prepare_by_platform(zoo.model, "academic", qconfig(method, w_bits, a_bits))
+    qmodel = prepare_by_platform(trained(name, training), "academic", qconfig(method, w_bits, a_bits))
     if method == "MSE + CLE":
         cross_layer_equalization(qmodel)
     calibrate(qmodel, batches)
@@ -121,12 +133,18 @@ def vision_tables(args: argparse.Namespace, save: Any) -> dict[str, Any]:
     models = args.models.split(",")
     results: dict[str, Any] = {"float": {}, "cells": {}}
     for name in models:
-        results["float"][name] = accuracy(zoo_model(name).model, data["test"], data["labels"])
+        floats = [accuracy(trained(name, t), data["test"], data["labels"]) for t in range(args.trainings)]
+        results["float"][name] = statistics.fmean(floats)
+        results.setdefault("float_per_training", {})[name] = floats
     for bits in args.bits.split(","):
         for method in args.methods.split(","):
             for name in models:
                 started = time.perf_counter()
-                values = [run_vision(name, method, bits, seed, args, data) for seed in range(args.seeds)]
+                values = [
+                    run_vision(name, training, method, bits, seed, args, data)
+                    for training in range(args.trainings)
+                    for seed in range(args.seeds)
+                ]
                 mean, std = spread(values)
                 results["cells"][f"{bits}/{method}/{name}"] = {"values": values, "mean": mean, "std": std}
                 save(results)  # every finished cell is on disk
@@ -219,6 +237,7 @@ def main() -> None:
     parser.add_argument("--bits", default=",".join(BITS))
     parser.add_argument("--methods", default=",".join(METHODS), help=f"any of {', '.join(METHODS)}")
     parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--trainings", type=int, default=1, help="trainings of each model (training seeds 0...N-1)")
     parser.add_argument("--iters", type=int, default=300, help="reconstruction iterations per unit")
     parser.add_argument("--calibration", type=int, default=64)
     parser.add_argument("--batch", type=int, default=32)
@@ -227,9 +246,13 @@ def main() -> None:
     parser.add_argument("--skip-minilm", action="store_true")
     parser.add_argument("--output", default="ptq_accuracy", help="name of the JSON file in benchmarks/results")
     args = parser.parse_args()
-    unknown = sorted(set(args.methods.split(",")) - set(METHODS))
-    if unknown:
-        parser.error(f"unknown method(s) {', '.join(unknown)}; choose from {', '.join(METHODS)}")
+    for option, valid in (("--models", CLASSIFIERS), ("--bits", tuple(BITS)), ("--methods", METHODS)):
+        unknown = sorted(set(getattr(args, option[2:]).split(",")) - set(valid))
+        if unknown:
+            parser.error(f"{option}: unknown {', '.join(map(repr, unknown))}; choose from {', '.join(valid)}")
+    for option in ("seeds", "trainings", "iters", "calibration", "batch", "minilm_iters"):
+        if getattr(args, option) < 1:
+            parser.error(f"--{option.replace('_', '-')} must be at least 1, got {getattr(args, option)}")
     torch.set_num_threads(2)
     warnings.filterwarnings("ignore")
     print(describe_host())
