@@ -203,3 +203,18 @@ def test_layer_sensitivity_scores_are_their_formulas(method):
         "taylor": abs(float((g * d).sum())),
     }[method]
     assert scores["0"] == pytest.approx(expected, rel=1e-4)
+
+
+@pytest.mark.parametrize(
+    ("candidates", "error", "message"),
+    [
+        ([(8, 8), (4, 8)], TypeError, r"candidates must be a mapping .* got list \[\(8, 8\), \(4, 8\)\]"),
+        ({8: 8, 4: 8}, ValueError, r"takes the keys 'weight' and 'activation', not 8, 4"),
+        ({"weight": (8, 1)}, ValueError, r"candidates\['weight'\] must be a non-empty list of bit widths from 2 to 8"),
+        ({"activation": []}, ValueError, r"candidates\['activation'\] must be a non-empty list"),
+    ],
+)
+def test_candidates_of_another_form_are_refused_with_the_form_to_write(candidates, error, message):
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU()).eval()
+    with pytest.raises(error, match=message):
+        search_mixed_precision(model, "academic", [torch.randn(2, 3, 8, 8)], candidates=candidates)

@@ -315,6 +315,40 @@ def _calibrated(model: nn.Module, backend: str, config: Mapping[str, Any], batch
     return calibrate(prepare_by_platform(copy.deepcopy(model).eval(), backend, dict(config)), batches)
 
 
+_CANDIDATE_FORM = '{"weight": (8, 4, 2), "activation": (8, 4)}'
+
+
+def _candidate_bits(candidates: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The weight and activation widths of ``candidates``; a clear error for any other form."""
+    if candidates is None or (isinstance(candidates, Mapping) and not candidates):
+        return (8, 4, 2), (8, 4)
+    if not isinstance(candidates, Mapping):
+        raise TypeError(
+            f"candidates must be a mapping of the widths to try per weight and per activation quantizer, such as "
+            f"{_CANDIDATE_FORM}; got {type(candidates).__name__} {candidates!r}. Widths are searched per quantizer, "
+            "not as (weight, activation) pairs: list each kind's widths under its key"
+        )
+    unknown = [key for key in candidates if key not in ("weight", "activation")]
+    if unknown:
+        raise ValueError(
+            f"candidates takes the keys 'weight' and 'activation', not {', '.join(map(repr, unknown))}; "
+            f"e.g. {_CANDIDATE_FORM}"
+        )
+    chosen = []
+    for kind in ("weight", "activation"):
+        bits = candidates.get(kind, (8,))
+        valid = (
+            isinstance(bits, Sequence)
+            and not isinstance(bits, str)
+            and bool(bits)
+            and all(isinstance(b, int | np.integer) and not isinstance(b, bool) and 2 <= b <= 8 for b in bits)
+        )
+        if not valid:
+            raise ValueError(f"candidates[{kind!r}] must be a non-empty list of bit widths from 2 to 8, got {bits!r}")
+        chosen.append(tuple(int(b) for b in bits))
+    return chosen[0], chosen[1]
+
+
 def search_mixed_precision(
     model: nn.Module,
     backend: str,
@@ -336,12 +370,7 @@ def search_mixed_precision(
     of ``cali_data`` per (quantizer, candidate width), with a progress bar when ``progress``.
     """
     spec = resolve_backend(backend)
-    candidates = dict(candidates or {"weight": (8, 4, 2), "activation": (8, 4)})
-    unknown = set(candidates) - {"weight", "activation"}
-    if unknown:
-        raise ValueError(f"candidates takes the keys 'weight' and 'activation', not {', '.join(sorted(unknown))}")
-    weight_bits = tuple(int(b) for b in candidates.get("weight", (8,)))
-    activation_bits = tuple(int(b) for b in candidates.get("activation", (8,)))
+    weight_bits, activation_bits = _candidate_bits(candidates)
     refused = sorted(set(weight_bits + activation_bits) - set(spec.mixed_precision_bits) - {8})
     if refused:
         allowed = ", ".join(map(str, spec.mixed_precision_bits)) or "none besides its own"
