@@ -75,6 +75,33 @@ def test_a_missing_or_broken_file_is_named(tmp_path):
         load_config(broken)
 
 
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("", r"empty\.yaml: the file is empty \(no sections\); a run configuration needs at least a quantize section"),
+        ("# only a comment\n", r"the file is empty"),
+        ("{}\n", r"the file is empty"),
+        (
+            "model: {type: resnet18}\n",
+            r"missing the quantize section \(quantize\.backend\) and extra_prepare_dict\.extra_qconfig_dict",
+        ),
+        ("quantize: {cali_batchsize: 2}\n", r"missing quantize\.backend and extra_prepare_dict\.extra_qconfig_dict"),
+    ],
+)
+def test_an_empty_file_or_one_without_a_backend_says_what_is_missing(text, message, tmp_path, capsys):
+    config = tmp_path / "empty.yaml"
+    config.write_text(text)
+    with pytest.raises(ConfigError, match=message):
+        load_config(config)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["ptq", "--config", str(config), "--output", str(tmp_path / "run"), "--quiet"])
+    assert exit_info.value.code == 2
+    error = capsys.readouterr().err
+    assert "empty.yaml" in error and "Academic's" not in error and not (tmp_path / "run").exists()
+    config.write_text("model: {type: resnet18}\nquantize: {backend: academic}\n")  # named: prepare checks its keys
+    assert load_config(config)["quantize"]["backend"] == "academic"
+
+
 def test_a_run_folder_file_is_whole_or_absent(tmp_path):
     folder = RunFolder(tmp_path / "run")
     folder.write_text("results.json", "old, complete\n")
@@ -225,7 +252,7 @@ def test_a_user_model_checkpoint_and_image_folder(tmp_path, user_modules):
 def test_a_model_that_cannot_be_built_is_a_usage_error(model, message, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     config = tmp_path / "bad.yaml"
-    config.write_text(yaml.safe_dump({"model": model}))
+    config.write_text(yaml.safe_dump({"model": model, "quantize": {"backend": "tensorrt"}}))
     with pytest.raises(SystemExit) as exit_info:
         main(["ptq", "--config", str(config), "--output", "run", "--quiet"])
     assert exit_info.value.code == 2

@@ -426,4 +426,27 @@ def load_config(path: str | Path) -> dict[str, Any]:
         raw = yaml.safe_load(file.read_text())
     except yaml.YAMLError as error:
         raise ConfigError(f"{file}: not valid YAML: {error}") from error
-    return parse_config(raw, str(file))
+    if raw is None or raw == {}:
+        raise ConfigError(
+            f"{file}: the file is empty (no sections); a run configuration needs at least a quantize section naming "
+            "the backend (quantize: {backend: tensorrt}), and model and data sections for your own model and data "
+            f"(valid sections: {', '.join(sorted(DEFAULTS))}; examples/ptq_resnet18_digits.yaml is a complete one)"
+        )
+    config = parse_config(raw, str(file))
+    _check_backend_given(raw, config, str(file))
+    return config
+
+
+def _check_backend_given(raw: Mapping[str, Any], config: dict[str, Any], source: str) -> None:
+    """A file that names no backend gets the default, Academic, only with the quantizers it needs."""
+    named = isinstance(raw.get("quantize"), Mapping) and "backend" in raw["quantize"]
+    named = named or (isinstance(raw.get("quantization"), Mapping) and "type" in raw["quantization"])
+    if named or "extra_qconfig_dict" in (config["extra_prepare_dict"] or {}):
+        return
+    missing = ["quantize.backend"] if "quantize" in raw else ["the quantize section (quantize.backend)"]
+    missing.append("extra_prepare_dict.extra_qconfig_dict")
+    raise ConfigError(
+        f"{source}: missing {' and '.join(missing)}: without a backend the run quantizes for the default, "
+        f"{DEFAULTS['quantize']['backend']}, which takes its quantizers from extra_prepare_dict.extra_qconfig_dict; "
+        "name a backend (quantize: {backend: tensorrt}; mqbench backends lists them) or give extra_qconfig_dict"
+    )
