@@ -23,8 +23,10 @@ import warnings
 from collections.abc import Iterator
 from typing import Any
 
+import torch
 import torch.nn.functional as F
-from torch import fx, nn
+import torch.utils._pytree as pytree
+from torch import Tensor, fx, nn
 from torch.fx.graph_module import _USER_PRESERVED_ATTRIBUTES_KEY
 
 from mqbench.backends.registry import BackendType, resolve_backend
@@ -89,6 +91,48 @@ def _warn_fused_attention(prepared: fx.GraphModule, backend: str, quantizes_matm
         )
 
 
+_HALF_TYPES = (torch.float16, torch.bfloat16)
+
+
+def _as_float32(inputs: Any) -> Any:
+    """``inputs`` with every float16 / bfloat16 tensor in it as float32 (the prepared model's type)."""
+    return pytree.tree_map(lambda t: t.float() if isinstance(t, Tensor) and t.dtype in _HALF_TYPES else t, inputs)
+
+
+def _half_types(model: nn.Module) -> list[str]:
+    """The float16 / bfloat16 types among the model's parameters and buffers."""
+    found = {t.dtype for t in (*model.parameters(), *model.buffers()) if t.dtype in _HALF_TYPES}
+    return sorted(str(dtype).removeprefix("torch.") for dtype in found)
+
+
+def _to_float32(model: nn.Module) -> None:
+    """Quantize a float16 / bfloat16 model in float32: its parameters and buffers converted, with a warning."""
+    halves = _half_types(model)
+    if not halves:
+        return
+    warnings.warn(
+        f"the model holds {' and '.join(halves)} parameters; mqbench calibrates, simulates and deploys in float32, "
+        "so the prepared model is a float32 copy (float16 / bfloat16 inputs are converted to float32 when it runs; "
+        "the deployed model takes float32 inputs). The model you passed is unchanged",
+        stacklevel=3,
+    )
+    model.float()
+
+
+def _convert_half_inputs(prepared: fx.GraphModule) -> None:
+    """Make the prepared model take the float16 / bfloat16 inputs its half-precision original took."""
+    graph = prepared.graph
+    for placeholder in [n for n in graph.nodes if n.op == "placeholder"]:
+        if not placeholder.users:
+            continue
+        with graph.inserting_after(placeholder):
+            converted = graph.call_function(_as_float32, (placeholder,))
+        for user in [u for u in placeholder.users if u is not converted]:
+            user.replace_input_with(placeholder, converted)
+    graph.lint()
+    prepared.recompile()
+
+
 @contextlib.contextmanager
 def _garbage_collection_paused() -> Iterator[None]:
     enabled = gc.isenabled()
@@ -147,6 +191,8 @@ def prepare_by_platform(
     training = model.training
     source = model
     model = copy.deepcopy(model)  # the prepared model owns its modules; the user's model is left as it was
+    half = bool(_half_types(model))
+    _to_float32(model)
     if is_qat is None:
         is_qat = training
     leaf_modules = tuple(config.get("leaf_module", ()))
@@ -155,6 +201,8 @@ def prepare_by_platform(
     with _garbage_collection_paused():  # graph passes allocate many small objects; collect once afterwards
         graph_module = trace(model, config.get("concrete_args"), leaf_modules, custom_tracer)
         prepared = quantizer.prepare(graph_module, qconfig, bool(is_qat))
+    if half:
+        _convert_half_inputs(prepared)
     apply_quantizer_bits(prepared, spec, config.get("quantizer_bits", {}))
     _warn_fused_attention(prepared, spec.name, "matmul" in spec.placement.inputs_of)
     if freeze_bn:

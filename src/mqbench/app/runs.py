@@ -36,7 +36,7 @@ from mqbench.app.check import DeployCheck, deployed_runner
 from mqbench.app.config import ConfigError, load_config
 from mqbench.app.distributed import Processes
 from mqbench.app.report import layer_errors, lsb_histogram, render_html, render_markdown
-from mqbench.app.sources import Data, load_data, load_model
+from mqbench.app.sources import Data, fit_channels, load_data, load_model
 from mqbench.backends import BackendSpec, resolve_backend
 from mqbench.convert_deploy import convert_deploy
 from mqbench.deploy.context import DeployResult
@@ -145,7 +145,7 @@ def load_run(
 ) -> tuple[Run, nn.Module, str]:
     """The run of a checked configuration: its data loaded; with its float model and a description of it."""
     model, described = load_model(config["model"])
-    data = load_data(config["data"], token_ids=config["model"]["tracer"] == "huggingface")
+    data = fit_channels(load_data(config["data"], token_ids=config["model"]["tracer"] == "huggingface"), model)
     max_eval = config["data"]["max_eval"]
     val = data.val if max_eval is None else data.val[:max_eval]
     val_labels = data.val_labels if data.val_labels is None or max_eval is None else data.val_labels[:max_eval]

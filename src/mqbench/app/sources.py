@@ -44,7 +44,7 @@ from __future__ import annotations
 import importlib
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -54,9 +54,19 @@ from torch import Tensor, nn
 from mqbench.app.config import ConfigError
 from mqbench.data import load_digits_split
 from mqbench.models.zoo import VISION_MODELS, digits_rgb, zoo_model
+from mqbench.utils.logger import logger
 
-__all__ = ["IMAGE_SUFFIXES", "Data", "load_checkpoint", "load_data", "load_model", "split_import_path"]
+__all__ = [
+    "IMAGE_SUFFIXES",
+    "Data",
+    "fit_channels",
+    "load_checkpoint",
+    "load_data",
+    "load_model",
+    "split_import_path",
+]
 
+_HALF_TYPES = (torch.float16, torch.bfloat16)
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 
 
@@ -172,7 +182,20 @@ def load_model(section: dict[str, Any]) -> tuple[nn.Module, str]:
         model = found
     if path is not None:
         load_checkpoint(model, path)
-    return model.eval(), f"{name}" + (f" with {path}" if path else "")
+    return _float32(model).eval(), f"{name}" + (f" with {path}" if path else "")
+
+
+def _float32(model: nn.Module) -> nn.Module:
+    """A float16 / bfloat16 model as float32, the type mqbench calibrates, evaluates and deploys in (with a note)."""
+    halves = sorted({str(t.dtype).removeprefix("torch.") for t in model.parameters() if t.dtype in _HALF_TYPES})
+    if halves:
+        logger.warning(
+            "model: its parameters are %s; the run evaluates, quantizes and deploys it in float32 (the float "
+            "accuracy is the float32 model's)",
+            " and ".join(halves),
+        )
+        model.float()
+    return model
 
 
 def _folder_split(root: Path, section: dict[str, Any], classes: list[str] | None) -> tuple[Tensor, Tensor, list[str]]:
@@ -285,6 +308,64 @@ def _from_factory(section: dict[str, Any], token_ids: bool) -> Data:
     val_inputs, val_labels = _samples(val, "val", text, token_ids)
     classes = tuple(str(c) for c in getattr(train, "classes", ()) or ())
     return Data(train_inputs, train_labels, val_inputs, val_labels, classes, text)
+
+
+def _first_convolution(model: nn.Module) -> tuple[str, nn.modules.conv._ConvNd] | None:
+    """The model's first layer with parameters (module order), when it is a convolution."""
+    for name, module in model.named_modules():
+        if next(module.parameters(recurse=False), None) is None:
+            continue
+        return (name, module) if isinstance(module, nn.modules.conv._ConvNd) else None
+    return None
+
+
+def _error_on(model: nn.Module, sample: Tensor) -> Exception | None:
+    """What the model raises on ``sample`` (None when it runs)."""
+    try:
+        with torch.no_grad():
+            model(sample)
+    except (RuntimeError, ValueError, TypeError, IndexError) as error:
+        return error
+    return None
+
+
+_LAYOUTS = {1: "(N, C, L)", 2: "(N, C, H, W)", 3: "(N, C, D, H, W)"}
+
+
+def fit_channels(data: Data, model: nn.Module) -> Data:
+    """``data`` shaped for ``model``: images without a channel axis (``(N, H, W)``) get one when the model's first
+    layer is a convolution of one input channel (with a warning saying so); a clear error naming the inputs'
+    shape and the layout the first layer takes when the model cannot run on them."""
+    first = _first_convolution(model)
+    if first is None or not data.train.is_floating_point():
+        return data
+    error = _error_on(model, data.train[:1])
+    if error is None:
+        return data
+    name, conv = first
+    spatial = len(conv.kernel_size)
+    layout = _LAYOUTS.get(spatial, f"N, C and {spatial} spatial axes")
+    shape = tuple(data.train.shape)
+    if data.train.dim() == spatial + 1 and data.val.dim() == spatial + 1:  # no channel axis
+        if conv.in_channels == 1 and _error_on(model, data.train[:1].unsqueeze(1)) is None:
+            logger.warning(
+                "data: %s: the inputs have shape %s, without a channel axis; the model's first layer %r takes one "
+                "channel, so they are read as %s with C=1",
+                data.source,
+                shape,
+                name,
+                layout,
+            )
+            return replace(data, train=data.train.unsqueeze(1), val=data.val.unsqueeze(1))
+        raise ConfigError(
+            f"data: {data.source}: the inputs have shape {shape}, without a channel axis, and the model's first "
+            f"layer {name!r} takes {conv.in_channels} channels: store them as {layout} with C={conv.in_channels}"
+        )
+    first_line = str(error).splitlines()[0] if str(error) else ""
+    raise ConfigError(
+        f"data: {data.source}: the model cannot run on inputs of shape {shape}; its first layer {name!r} takes "
+        f"{layout} with C={conv.in_channels} ({type(error).__name__}: {first_line})"
+    )
 
 
 def load_data(section: dict[str, Any], token_ids: bool = False) -> Data:
