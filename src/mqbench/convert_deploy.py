@@ -198,13 +198,29 @@ def _remove_created(created: Sequence[Path]) -> None:
 def _check_deployable(model: nn.Module, spec: BackendSpec, allow_backend_mismatch: bool) -> None:
     if not isinstance(model, nn.Module):
         raise ValueError(f"convert_deploy takes the prepared nn.Module, got {type(model).__name__}")
-    if not any(isinstance(module, QuantizeBase) for module in model.modules()):
+    plan = plan_of(model)
+    found = [module for module in model.modules() if isinstance(module, QuantizeBase)]
+    if not found and plan is not None:
+        floats = [f"{d.node} ({d.op}: {d.reason})" for d in plan.decisions.values() if not d.quantized]
+        shown = "; ".join(floats[:6]) + (f"; and {len(floats) - 6} more" if len(floats) > 6 else "")
+        raise ValueError(
+            f"the prepared model quantizes nothing: backend {plan.backend!r} quantizes none of its ops "
+            f"({shown or 'it has no ops'}), so there is nothing to deploy. Deploy the float model as it is, or add "
+            "the ops to quantize with prepare_custom_config_dict['extra_quantizer_dict'] (additional_function_type, "
+            "additional_module_type, additional_node_name)"
+        )
+    if not found:
         raise ValueError(
             f"the model ({type(model).__name__}) has no fake quantizers: convert_deploy takes the model returned by "
             "prepare_by_platform (calibrated or trained), not the float model; prepare it with "
             f"prepare_by_platform(model, {spec.name!r}) and calibrate it first"
         )
-    plan = plan_of(model)
+    if not any(module._switch("fake_quant") for module in found):
+        raise ValueError(
+            "no quantizer of the model has fake quantization on, so the deployment would be the float model: "
+            "after calibrating, call mqbench.utils.state.enable_quantization(model) (it also stops the observers), "
+            "then deploy"
+        )
     prepared_for = plan.backend if plan is not None and plan.backend else getattr(model, BACKEND_ATTRIBUTE, None)
     if isinstance(prepared_for, str) and prepared_for != spec.name and not allow_backend_mismatch:
         raise ValueError(

@@ -38,7 +38,13 @@ from typing import Any
 import torch
 from torch import fx, nn
 
-from mqbench.custom_quantizer.passes import fuse_patterns, insert_activation_quantizers, swap_modules
+from mqbench.custom_quantizer.functionalize import functionalize
+from mqbench.custom_quantizer.passes import (
+    eliminate_dead_code,
+    fuse_patterns,
+    insert_activation_quantizers,
+    swap_modules,
+)
 from mqbench.custom_quantizer.placement import ActivationSite, Rules, plan_activation_quantizers
 from mqbench.fake_quantize.quantize_base import QuantizeBase
 from mqbench.fuser_method_mapping import Pattern
@@ -208,6 +214,9 @@ class _Record:
 def prepare_graph(gm: fx.GraphModule, front_end: FrontEnd, is_qat: bool) -> fx.GraphModule:
     """Carry out ``front_end``'s decisions on ``gm`` (fuse, swap, insert) and store the plan on it."""
     record = _Record()
+    gm = functionalize(gm)
+    eliminate_dead_code(gm)  # dead branches (made side-effect free above) would not export
+    gm.recompile()
     fusers, skip = front_end.fusion()
     if fusers:
         excluded = front_end.excluded

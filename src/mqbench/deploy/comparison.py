@@ -30,6 +30,8 @@ from mqbench.qparams import QParamTable, TensorQParams
 from mqbench.utils.host import host_facts
 
 __all__ = [
+    "FLOAT_ATOL",
+    "FLOAT_RTOL",
     "REDUCE_RANGE_REMEDY",
     "UINT8_WEIGHTS_REMEDY",
     "ArtifactReport",
@@ -49,6 +51,10 @@ __all__ = [
 ]
 
 
+FLOAT_RTOL = 1e-3  # a float network output's tolerance, relative to its largest |value|
+FLOAT_ATOL = 1e-3  # ... and the smallest range it is measured against (an all-zero output)
+
+
 @dataclass(frozen=True)
 class TensorDiff:
     """How one tensor of a runtime compares with the simulation."""
@@ -59,6 +65,17 @@ class TensorDiff:
     max_abs_diff: float
     max_lsb_diff: float | None  # None: a float tensor with no quantizer to measure LSBs by
     exact_fraction: float
+    magnitude: float = 0.0  # the largest |value| of the simulation's tensor
+
+    def float_mismatch(self) -> bool:
+        """For a float tensor (no quantizer): off by more than float32 arithmetic explains.
+
+        Runtime and simulation compute it from the same quantized values (the runtime's, forced into
+        the simulation), in float32 with their own summation orders: that parts them by a few units in
+        the 7th significant digit of the largest partial sums, far below ``FLOAT_RTOL`` of the tensor's
+        range. A wrong deployment (an output clipped, a sign lost) is off by a visible part of it.
+        """
+        return self.max_lsb_diff is None and self.max_abs_diff > FLOAT_RTOL * max(self.magnitude, FLOAT_ATOL)
 
     def row(self) -> str:
         lsb = "-" if self.max_lsb_diff is None else f"{self.max_lsb_diff:.3g}"
@@ -75,6 +92,7 @@ class ArtifactReport:
     outputs: dict[str, TensorDiff] = field(default_factory=dict)  # end to end
     local_outputs: dict[str, TensorDiff] = field(default_factory=dict)  # from the runtime's own quantized tensors
     host: HostReport | None = None  # this host's runtime as it serves the artifact (None: no separate serving path)
+    missing: list[str] = field(default_factory=list)  # network outputs the runtime did not give
 
     @property
     def max_abs_diff(self) -> float:
@@ -115,10 +133,18 @@ class ArtifactReport:
         return None
 
     def diverging(self, tolerance: float) -> list[str]:
-        """Quantized tensors (graph order) that differ from the simulation by more than ``tolerance`` LSBs."""
-        return [
+        """Quantized tensors (graph order) that differ from the simulation by more than ``tolerance`` LSBs,
+        then network outputs that differ from it when computed from the runtime's own quantized tensors
+        (a quantized output by more than ``tolerance`` LSBs, a float one beyond float32 rounding)."""
+        tensors = [
             name for name, d in self.per_tensor.items() if d.max_lsb_diff is not None and d.max_lsb_diff > tolerance
         ]
+        outputs = [
+            f"output {name!r} (off by {d.max_abs_diff:.3g} on values up to {d.magnitude:.3g})"
+            for name, d in self.local_outputs.items()
+            if d.float_mismatch() or (d.max_lsb_diff is not None and d.max_lsb_diff > tolerance)
+        ]
+        return tensors + outputs + [f"output {name!r} (missing)" for name in self.missing]
 
 
 @dataclass
@@ -179,8 +205,8 @@ def simulate(model: nn.Module, inputs: Sequence[Tensor], forced: Forced | None =
 
             handles.append(module.register_forward_hook(hook))
     try:
-        with torch.no_grad():
-            flat, _ = pytree.tree_flatten(model(*inputs))
+        with torch.no_grad():  # on copies: a model that writes into its inputs must not change the caller's
+            flat, _ = pytree.tree_flatten(model(*(t.clone() if isinstance(t, Tensor) else t for t in inputs)))
     finally:
         for handle in handles:
             handle.remove()
@@ -201,7 +227,10 @@ def _diff(name: str, entry: TensorQParams | None, sim: np.ndarray, got: np.ndarr
         # Both sides are values of the grid: a whole number of steps apart, up to float32 rounding.
         lsb = float(np.round(np.max(np.abs(grid.steps(entry, got) - grid.steps(entry, sim)), initial=0.0), 2))
     exact = float(np.mean(got == sim)) if sim.size else 1.0
-    return TensorDiff(name, entry.quantizer if entry else "", int(sim.size), float(delta.max(initial=0.0)), lsb, exact)
+    magnitude = float(np.abs(sim).max(initial=0.0))
+    return TensorDiff(
+        name, entry.quantizer if entry else "", int(sim.size), float(delta.max(initial=0.0)), lsb, exact, magnitude
+    )
 
 
 def feeds_for(result: Any, inputs: Sequence[Tensor]) -> dict[str, np.ndarray]:
@@ -285,6 +314,9 @@ def compare(
             continue
         report.per_tensor[tensor] = _diff(tensor, entry, sim.quantized[key], values[name])
     by_output = {out: entry for entry in table.values() for out in entry.extra.get("outputs", ())}
+    report.missing = [name for name in output_names if name not in values]
+    if len(output_names) != len(run.free.outputs):
+        report.missing.append(f"{len(run.free.outputs)} outputs simulated, {len(output_names)} deployed")
     for index, name in enumerate(output_names):
         if name in values and index < len(sim.outputs):
             report.local_outputs[name] = _diff(name, by_output.get(name), sim.outputs[index], values[name])

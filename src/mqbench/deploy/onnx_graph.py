@@ -15,6 +15,7 @@ __all__ = [
     "ORT_MAX_IR_VERSION",
     "consumers_of",
     "eliminate_dead_nodes",
+    "free_output_name",
     "initializer_map",
     "ort_session",
     "producers_of",
@@ -177,3 +178,15 @@ def topological_sort(graph: onnx.GraphProto) -> None:
 
 def make_node(op_type: str, inputs: Iterable[str], outputs: Iterable[str], name: str, **attrs: Any) -> onnx.NodeProto:
     return helper.make_node(op_type, list(inputs), list(outputs), name=name, **attrs)
+
+
+def free_output_name(
+    graph: onnx.GraphProto, users: dict[str, list[onnx.NodeProto]], tensor: str, taken: set[str]
+) -> str:
+    """Move network output ``tensor``'s value to a new name (returned) so that another node can write ``tensor``."""
+    moved = unique_name(f"{tensor}_float", taken)
+    for node in graph.node:
+        node.output[:] = [moved if name == tensor else name for name in node.output]
+        node.input[:] = [moved if name == tensor else name for name in node.input]
+    users[moved] = users.pop(tensor, [])
+    return moved

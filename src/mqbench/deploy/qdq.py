@@ -46,6 +46,7 @@ from mqbench.deploy.onnx_graph import (
     all_names,
     constant,
     consumers_of,
+    free_output_name,
     initializer_map,
     ort_session,
     topological_sort,
@@ -157,7 +158,9 @@ def insert_qdq(
 
     With ``use_consumers`` an entry's ``consumers`` (node names) limit which readers get the
     quantized value (the simulation's placement); otherwise, or when an entry has none, every
-    reader does. A quantized network output keeps its name and carries the quantized value.
+    reader does, a network output of that name too. With consumers, a network output reads what the
+    model returned: a quantized tensor also returned as it is (``v = relu(conv1(x)); return conv2(v), v``)
+    stays float there; a returned quantizer output is an ``Identity`` consumer of its own (the strip step's).
     """
     model = onnx.ModelProto.FromString(model.SerializeToString())
     graph = model.graph
@@ -169,36 +172,23 @@ def insert_qdq(
     for tensor, entry in table.items():
         if tensor not in known:
             raise ValueError(f"the parameter table names tensor {tensor!r}, which the model does not have")
-        if tensor in output_names:  # keep the output's name for the quantized value
-            float_name = builder.name(f"{tensor}_float")
-            for node in graph.node:
-                for i, name in enumerate(node.output):
-                    if name == tensor:
-                        node.output[i] = float_name
-                for i, name in enumerate(node.input):
-                    if name == tensor:
-                        node.input[i] = float_name
-            readers = list(users.get(tensor, []))
-            users[float_name] = readers
-            source = float_name
-        else:
-            source = tensor
-        result = grid_of(entry.grid).to_onnx(builder, source, entry)
-        readers = users.get(source, [])
         wanted = set(entry.consumers) if (use_consumers and entry.consumers is not None) else None
-        for node in readers:
+        source = tensor
+        if wanted is None and tensor in output_names:  # every reader: the output too, under its own name
+            source = free_output_name(graph, users, tensor, builder.taken)
+        result = grid_of(entry.grid).to_onnx(builder, source, entry)
+        for node in users.get(source, []):
             if wanted is not None and node.name not in wanted:
                 continue
             for i, name in enumerate(node.input):
                 if name == source:
                     node.input[i] = result
-        if tensor in output_names:
+        if source != tensor:
             builder.nodes.append(
                 helper.make_node("Identity", [result], [tensor], name=builder.name(f"{tensor}_output"))
             )
-            dequantized[tensor] = tensor
-        else:
-            dequantized[tensor] = result
+            result = tensor
+        dequantized[tensor] = result
     graph.node.extend(builder.nodes)
     topological_sort(graph)
     needed = max((grid_of(e.grid).min_opset for e in table.values()), default=0)

@@ -38,6 +38,7 @@ from mqbench.deploy.onnx_graph import (
     topological_sort,
     unique_name,
 )
+from mqbench.deploy.repair import repair_export
 from mqbench.qparams import QParamTable, TensorQParams
 
 __all__ = ["ExportedGraph", "export_marked", "strip_quantizers"]
@@ -106,6 +107,7 @@ def export_marked(
             path = Path(folder) / "marked.onnx"
             torch.onnx.export(wrapper, args, str(path), **kwargs)
             exported = onnx.load(str(path), load_external_data=True)
+        repair_export(exported, list(zip(input_names, args, strict=False)))
     finally:
         for quantizer in frozen:
             quantizer.tap = None
@@ -127,10 +129,10 @@ def _quiet_exporter_logs() -> Iterator[None]:
             logger.setLevel(level)
 
 
-def _resolve(name: str, producers: Mapping[str, onnx.NodeProto], marks: set[str]) -> str:
-    """Follow Identity nodes the exporter added to produce mark outputs back to the real tensor."""
+def _resolve(name: str, producers: Mapping[str, onnx.NodeProto]) -> str:
+    """Follow Identity nodes (the exporter's, for mark outputs and for a network input returned) to the real tensor."""
     node = producers.get(name)
-    while node is not None and node.op_type == "Identity" and node.output[0] in marks:
+    while node is not None and node.op_type == "Identity":
         name = node.input[0]
         node = producers.get(name)
     return name
@@ -166,8 +168,8 @@ def strip_quantizers(exported: ExportedGraph) -> tuple[onnx.ModelProto, QParamTa
     calls: dict[str, int] = {}
     readers_of = consumers_of(graph)  # the loop below does not change the graph
     for index, quantizer in enumerate(exported.marks):
-        source = _resolve(f"{_IN}{index}", producers, mark_names)
-        result = _resolve(f"{_OUT}{index}", producers, mark_names)
+        source = _resolve(f"{_IN}{index}", producers)
+        result = _resolve(f"{_OUT}{index}", producers)
         stray = _depends_only_on(result, source, producers, constants)
         if stray is not None:
             raise RuntimeError(

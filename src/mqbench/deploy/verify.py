@@ -83,14 +83,14 @@ class VerifyReport:
             bad = art.diverging(self.tolerance)
             if bad:
                 lines.append(
-                    f"{key}: artifact arithmetic on {art.runtime} differs by {art.max_lsb_diff:.3g} LSB "
-                    f"(tolerance {self.tolerance:g}) at {', '.join(bad[:5])}"
+                    f"{key}: artifact arithmetic on {art.runtime} differs from the simulation "
+                    f"(max {art.max_lsb_diff:.3g} LSB, tolerance {self.tolerance:g}) at {', '.join(bad[:5])}"
                 )
             host = art.host
             if host is not None and host.served and host.diverging(self.tolerance):
                 bad = host.diverging(self.tolerance)
                 lines.append(
-                    f"{key}: {host.runtime} on this host differs by {host.max_lsb_diff:.3g} LSB at {len(bad)} "
+                    f"{key}: {host.runtime} on this host differs (max {host.max_lsb_diff:.3g} LSB) at {len(bad)} "
                     f"tensor(s) ({', '.join(bad[:5])}); cause: {host.cause}; remedy: {host.remedy or 'none known'}"
                 )
         return lines
@@ -231,6 +231,13 @@ def verify_deploy(
         args = list(inputs)
     if len(args) != len(result.input_names):
         raise ValueError(f"the deployment has inputs {result.input_names}; got {len(args)} input tensor(s)")
+    for name, tensor in zip(result.input_names, args, strict=True):
+        if isinstance(tensor, Tensor) and tensor.is_floating_point() and not bool(tensor.isfinite().all()):
+            bad = int((~tensor.isfinite()).sum())
+            raise ValueError(
+                f"input {name!r} has {bad} non-finite value(s) (NaN or inf): quantized and float arithmetic give no "
+                "comparable result on them; verify with finite inputs (e.g. the calibration data)"
+            )
     feeds = feeds_for(result, args)
     _check_shapes(result, feeds)
     model = simulation_copy(qmodel)

@@ -33,6 +33,9 @@ Example:
 
 from __future__ import annotations
 
+import pickle
+import subprocess
+import sys
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -55,6 +58,7 @@ from mqbench.deploy.onnx_graph import (
     all_names,
     constant,
     consumers_of,
+    free_output_name,
     initializer_map,
     save_model,
     topological_sort,
@@ -71,6 +75,7 @@ __all__ = [
     "fake_quantize_as_onnx",
     "fake_quantize_outputs",
     "run_openvino",
+    "run_openvino_file",
     "to_openvino",
     "write",
 ]
@@ -125,13 +130,10 @@ def to_openvino(
             raise ValueError(f"the parameter table names tensor {tensor!r}, which the model does not have")
         if entry.grid != "linear":
             raise ValueError(f"FakeQuantize holds linear grids only; {tensor!r} is on the {entry.grid!r} grid")
-        source = tensor
-        if tensor in output_names:  # the float value moves to a new name, the output keeps the quantized one
-            source = unique_name(f"{tensor}_float", taken)
-            for node in graph.node:
-                node.output[:] = [source if name == tensor else name for name in node.output]
-                node.input[:] = [source if name == tensor else name for name in node.input]
-            users[source] = users.pop(tensor, [])
+        wanted = set(entry.consumers) if use_consumers and entry.consumers is not None else None
+        source = tensor  # a network output reads the float value unless every reader is quantized (insert_qdq)
+        if wanted is None and tensor in output_names:
+            source = free_output_name(graph, users, tensor, taken)
         low, high = _limits(tensor, entry, ranks.get(tensor))
         names = []
         for tag, value in (("low", low), ("high", high)):
@@ -149,11 +151,10 @@ def to_openvino(
                 levels=entry.quant_max - entry.quant_min + 1,
             )
         )
-        wanted = set(entry.consumers) if use_consumers and entry.consumers is not None else None
         for node in users.get(source, []):
             if wanted is None or node.name in wanted:
                 node.input[:] = [result if name == source else name for name in node.input]
-        if tensor in output_names:
+        if source != tensor:
             added.append(helper.make_node("Identity", [result], [tensor], name=unique_name(f"{tensor}_output", taken)))
             result = tensor
         quantized[tensor] = result
@@ -269,10 +270,7 @@ def run_openvino(
         copy = Path(folder) / "model.onnx"
         onnx.save(model, str(copy))
         ov_model = core.read_model(str(copy))
-    config: dict[str, object] = {"INFERENCE_NUM_THREADS": int(threads)}
-    if precision is not None:
-        config["INFERENCE_PRECISION_HINT"] = precision
-    compiled = core.compile_model(ov_model, "CPU", config)
+    compiled = core.compile_model(ov_model, "CPU", _compile_config(threads, precision))
     results = compiled({name: np.ascontiguousarray(value) for name, value in inputs.items()})
     by_name: dict[str, np.ndarray] = {}
     for port, value in results.items():
@@ -284,9 +282,57 @@ def run_openvino(
     return {name: by_name[name] for name in names}
 
 
+def _compile_config(threads: int, precision: str | None) -> dict[str, object]:
+    config: dict[str, object] = {"INFERENCE_NUM_THREADS": int(threads)}
+    if precision is not None:
+        config["INFERENCE_PRECISION_HINT"] = precision
+    return config
+
+
+def _serve_file(path: str, inputs: Mapping[str, np.ndarray], threads: int, precision: str | None) -> dict:
+    import openvino as ov
+
+    compiled = ov.Core().compile_model(path, "CPU", _compile_config(threads, precision))
+    values = compiled({name: np.ascontiguousarray(value) for name, value in inputs.items()})
+    return {name: np.asarray(value) for port, value in values.items() for name in port.get_names()}
+
+
+def run_openvino_file(
+    path: str | Path,
+    inputs: Mapping[str, np.ndarray],
+    threads: int = 2,
+    precision: str | None = "f32",
+    timeout: float = 900.0,
+) -> dict[str, np.ndarray]:
+    """Compile the file at ``path`` as written (``Core().compile_model(path, "CPU")``) and run it: every output.
+
+    It runs in a child process, so that a runtime crashing on the file (a segmentation fault while
+    compiling or running) is reported as a :class:`RuntimeError` naming the exit status instead of
+    ending the caller. ``threads`` and ``precision`` as in :func:`run_openvino` (the configuration
+    :func:`serve` compiles with).
+    """
+    with tempfile.TemporaryDirectory() as folder:
+        feeds, results = Path(folder) / "inputs.pkl", Path(folder) / "outputs.pkl"
+        feeds.write_bytes(pickle.dumps({name: np.asarray(value) for name, value in inputs.items()}))
+        command = [sys.executable, "-m", __name__, str(path), str(feeds), str(results), str(int(threads))]
+        child = subprocess.run([*command, precision or ""], capture_output=True, text=True, timeout=timeout)
+        if child.returncode != 0 or not results.exists():
+            status = f"signal {-child.returncode}" if child.returncode < 0 else f"exit status {child.returncode}"
+            tail = child.stderr.strip().splitlines()[-3:]
+            raise RuntimeError(f"OpenVINO ended with {status} compiling or running {str(path)!r}: {' | '.join(tail)}")
+        values: dict[str, np.ndarray] = pickle.loads(results.read_bytes())
+    return values
+
+
 # -- verification ----------------------------------------------------------------------------------
 def verify(result: Any, feeds: Mapping[str, np.ndarray], run: VerifyRun) -> ArtifactReport:
-    """The FakeQuantize model: its formula on onnxruntime, then OpenVINO's CPU plugin on this host."""
+    """The FakeQuantize model: its formula on onnxruntime, then OpenVINO's CPU plugin on this host.
+
+    On OpenVINO the file is compiled as written (:func:`run_openvino_file`): its outputs are what the
+    host verdict compares with the simulation. A copy with every quantized tensor as an extra output
+    only says where a difference starts (each quantized tensor, and each output computed from the
+    copy's quantized tensors before it); a file OpenVINO cannot compile or run fails the verdict.
+    """
     path = result.artifacts["openvino_onnx"]
     model = onnx.load(path)
     exposed = fake_quantize_outputs(model, result.table)  # tensor -> FakeQuantize output name
@@ -296,9 +342,19 @@ def verify(result: Any, feeds: Mapping[str, np.ndarray], run: VerifyRun) -> Arti
     report = compare(ArtifactReport("openvino_onnx", "FakeQuantize formula"), values, *args)
     if run.host:
         values = run_openvino(path, dict(feeds), names)
+        crash = None
+        try:
+            served = run_openvino_file(path, feeds)
+        except RuntimeError as error:
+            crash, served = str(error), {}
+        # the copy's quantized tensors, the file's own outputs (a quantized output keeps its name: the file's)
+        values = {**values, **{name: served[name] for name in result.output_names if name in served}}
+        values = {name: value for name, value in values.items() if name in served or name not in result.output_names}
         host = compare(HostReport("openvino_onnx", "OpenVINO CPU"), values, *args)
         predicted = run.predicted(result, feeds, ONEDNN_AVX2) if run.wants_prediction(host) else {}
         report.host = host_verdict(host, predicted, ONEDNN_AVX2, REDUCE_RANGE_REMEDY, run.tolerance)
+        if crash is not None:
+            report.host.cause = f"the file as written does not run: {crash}"
     return report
 
 
@@ -319,3 +375,9 @@ def serve(result: Any, threads: int = 2) -> Callable[[Mapping[str, np.ndarray]],
         return [np.asarray(values[ports[name]]) for name in outputs]
 
     return run
+
+
+if __name__ == "__main__":  # the child process of run_openvino_file: model, inputs, outputs, threads, precision
+    _model, _inputs, _outputs, _threads, _precision = sys.argv[1:6]
+    _values = _serve_file(_model, pickle.loads(Path(_inputs).read_bytes()), int(_threads), _precision or None)
+    Path(_outputs).write_bytes(pickle.dumps(_values))

@@ -1,0 +1,258 @@
+"""Graphs users write that tools get wrong: dead branches, in-place calls, returned inputs and
+quantized tensors, unused inputs, ``movedim``, all-zero weights, nothing to quantize.
+
+Each deployed model is run as a user loads it (onnxruntime on the file) and every output is
+compared with the simulation (``qmodel(x)``): the deployment must compute what was simulated.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from torch import nn
+
+from backend_configs import config_for
+from mqbench.convert_deploy import convert_deploy
+from mqbench.deploy.onnx_graph import ort_session
+from mqbench.deploy.verify import verify_deploy
+from mqbench.prepare_by_platform import prepare_by_platform
+from mqbench.utils.state import disable_all, enable_calibration, enable_quantization
+
+BACKENDS = ["tensorrt", "openvino", "onnx_qnn", "vitis", "nnie"]
+SHAPE = [1, 3, 8, 8]
+
+
+def calibrated(model: nn.Module, backend: str, inputs: tuple[torch.Tensor, ...]) -> nn.Module:
+    qmodel = prepare_by_platform(model.eval(), backend, config_for(backend))
+    enable_calibration(qmodel)
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for _ in range(3):
+            qmodel(*(torch.randn(t.shape, generator=generator) if t.is_floating_point() else t for t in inputs))
+    enable_quantization(qmodel)
+    return qmodel
+
+
+def as_tuple(value) -> tuple[torch.Tensor, ...]:
+    return tuple(value) if isinstance(value, (tuple, list)) else (value,)
+
+
+def deploy_and_check(model: nn.Module, backend: str, inputs: tuple[torch.Tensor, ...], tmp_path) -> None:
+    """Deploy, verify, and run the Q/DQ file on onnxruntime: every output equals the simulation's."""
+    qmodel = calibrated(model, backend, inputs)
+    result = convert_deploy(qmodel, backend, dummy_input=inputs, output_path=tmp_path)
+    report = verify_deploy(qmodel, result, inputs, reference=True)
+    assert report.passed, report.failures()
+    with torch.no_grad():
+        simulated = [t.numpy() for t in as_tuple(qmodel(*inputs))]
+    session = ort_session(result.artifacts["onnx"], optimize=False)
+    feeds = {name: t.numpy() for name, t in zip(result.input_names, inputs, strict=True)}
+    got = session.run(None, feeds)
+    assert len(got) == len(simulated)
+    for deployed, expected in zip(got, simulated, strict=True):
+        # the same function of the same quantized values: only float32 summation order parts them
+        np.testing.assert_allclose(deployed, expected, rtol=0, atol=1e-4 * max(1.0, float(np.abs(expected).max())))
+
+
+class DeadBranch(nn.Module):
+    """A shared in-place ReLU also called in a branch whose result nothing reads."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1, self.c2, self.act = nn.Conv2d(3, 4, 3), nn.Conv2d(4, 4, 3), nn.ReLU(inplace=True)
+
+    def forward(self, x):
+        y = self.act(self.c1(x))
+        self.act(self.c2(y))  # dead
+        return y
+
+
+class OutputFeedsLayer(nn.Module):
+    """An output that also feeds a quantized layer: it must stay unclipped (the simulation returns it float)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1, self.c2 = nn.Conv2d(3, 4, 3), nn.Conv2d(4, 4, 3)
+
+    def forward(self, x):
+        v = torch.relu(self.c1(x))
+        return self.c2(v), v
+
+
+class ReturnsInput(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.c = nn.Conv2d(3, 4, 3)
+
+    def forward(self, x):
+        return self.c(x), x
+
+
+class InPlaceOnSharedTensor(nn.Module):
+    """``relu_`` on a tensor a layer read before: that layer keeps the values before the call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1, self.c2, self.c3 = nn.Conv2d(3, 4, 3), nn.Conv2d(4, 4, 1), nn.Conv2d(4, 4, 1)
+
+    def forward(self, x):
+        a = self.c1(x)
+        b = self.c2(a)
+        torch.relu_(a)
+        return b + self.c3(a)
+
+
+class Movedim(nn.Module):
+    """A Linear on the channel axis through ``movedim`` (exported with a negative Transpose perm)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(3, 5)
+
+    def forward(self, x):
+        return self.linear(x.movedim(1, -1)).movedim(-1, 1)
+
+
+class UnusedInput(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.c = nn.Conv2d(3, 4, 3)
+
+    def forward(self, x, y):
+        return self.c(x)
+
+
+class ZeroWeights(nn.Module):
+    """Two residual blocks whose last BatchNorm starts at zero (timm's init): equal all-zero folded weights."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, 4, 3, padding=1)
+        self.blocks = nn.ModuleList(nn.Sequential(nn.Conv2d(4, 4, 3, padding=1), nn.BatchNorm2d(4)) for _ in range(2))
+        for block in self.blocks:
+            nn.init.zeros_(block[1].weight)
+
+    def forward(self, x):
+        x = torch.relu(self.stem(x))
+        for block in self.blocks:
+            x = torch.relu(x + block(x))
+        return x
+
+
+CASES = {
+    "dead_branch": (DeadBranch, 1),
+    "output_feeds_layer": (OutputFeedsLayer, 1),
+    "returns_input": (ReturnsInput, 1),
+    "in_place_on_shared_tensor": (InPlaceOnSharedTensor, 1),
+    "movedim": (Movedim, 1),
+    "unused_input": (UnusedInput, 2),
+    "zero_weights": (ZeroWeights, 1),
+}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_user_graphs_deploy_and_compute_what_was_simulated(case, backend, tmp_path):
+    torch.manual_seed(0)
+    factory, count = CASES[case]
+    generator = torch.Generator().manual_seed(1)
+    # 3x the calibration range: clipping a returned float tensor would show
+    inputs = tuple(3 * torch.randn(SHAPE, generator=generator) for _ in range(count))
+    deploy_and_check(factory(), backend, inputs, tmp_path)
+
+
+def test_an_in_place_call_on_a_read_tensor_keeps_the_float_models_values():
+    torch.manual_seed(0)
+    model = InPlaceOnSharedTensor().eval()
+    x = torch.randn(SHAPE)
+    qmodel = prepare_by_platform(model, "tensorrt")
+    with torch.no_grad():
+        expected = model(x.clone())
+        disable_all(qmodel)
+        got = qmodel(x.clone())
+    torch.testing.assert_close(got, expected)
+
+
+def test_verify_leaves_the_callers_input_unchanged(tmp_path):
+    class WritesInput(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.c = nn.Conv2d(3, 4, 3)
+
+        def forward(self, x):
+            x.narrow(1, 0, 1).mul_(0)  # a write into a view of the input: kept in place
+            return self.c(x)
+
+    x = torch.randn(SHAPE)
+    before = x.clone()
+    qmodel = calibrated(WritesInput(), "tensorrt", (x,))
+    result = convert_deploy(qmodel, "tensorrt", dummy_input=x.clone(), output_path=tmp_path)
+    verify_deploy(qmodel, result, x)
+    assert torch.equal(x, before)
+
+
+def test_the_movedim_export_is_valid_onnx_with_its_true_output_shape(tmp_path):
+    inputs = (torch.randn(SHAPE),)
+    qmodel = calibrated(Movedim(), "tensorrt", inputs)
+    result = convert_deploy(qmodel, "tensorrt", dummy_input=inputs, output_path=tmp_path)
+    model = onnx.load(result.artifacts["onnx"])
+    perms = [list(a.ints) for n in model.graph.node if n.op_type == "Transpose" for a in n.attribute]
+    assert perms and all(axis >= 0 for perm in perms for axis in perm)
+    dims = [d.dim_value for d in model.graph.output[0].type.tensor_type.shape.dim]
+    assert dims in ([], [1, 5, 8, 8])
+
+
+def test_the_unused_input_is_an_input_of_the_deployed_model(tmp_path):
+    inputs = (torch.randn(SHAPE), torch.randn(2, 5))
+    qmodel = calibrated(UnusedInput(), "tensorrt", inputs)
+    result = convert_deploy(qmodel, "tensorrt", dummy_input=inputs, output_path=tmp_path)
+    model = onnx.load(result.artifacts["onnx"])
+    assert [v.name for v in model.graph.input][:2] == result.input_names
+    shape = [d.dim_value for d in model.graph.input[1].type.tensor_type.shape.dim]
+    assert shape == [2, 5]
+
+
+def test_zero_weights_stay_weights_of_their_own_layers(tmp_path):
+    inputs = (torch.randn(SHAPE),)
+    qmodel = calibrated(ZeroWeights(), "tensorrt", inputs)
+    result = convert_deploy(qmodel, "tensorrt", dummy_input=inputs, output_path=tmp_path)
+    model = onnx.load(result.artifacts["deploy_onnx"])
+    initializers = {i.name for i in model.graph.initializer}
+    weights = [name for name, entry in result.table.items() if entry.kind == "weight"]
+    assert len(weights) == 3 and set(weights) <= initializers
+    assert not [n for n in model.graph.node if n.op_type == "Identity" and n.input[0] in initializers]
+
+
+class NothingToQuantize(nn.Module):
+    def forward(self, x):
+        return x.flatten(1).softmax(-1)
+
+
+def test_a_prepared_model_that_quantizes_nothing_is_told_so(tmp_path):
+    with pytest.warns(UserWarning, match="quantize"):
+        qmodel = prepare_by_platform(NothingToQuantize().eval(), "tensorrt")
+    with pytest.raises(ValueError, match=r"quantizes nothing.*softmax"):
+        convert_deploy(qmodel, "tensorrt", {"x": SHAPE}, output_path=tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_deploying_without_enable_quantization_is_an_error_naming_it(tmp_path):
+    qmodel = prepare_by_platform(Movedim().eval(), "tensorrt")
+    enable_calibration(qmodel)
+    qmodel(torch.randn(SHAPE))
+    with pytest.raises(ValueError, match="enable_quantization"):
+        convert_deploy(qmodel, "tensorrt", {"x": SHAPE}, output_path=tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_verify_refuses_non_finite_inputs(bad, tmp_path):
+    inputs = (torch.randn(SHAPE),)
+    qmodel = calibrated(Movedim(), "tensorrt", inputs)
+    result = convert_deploy(qmodel, "tensorrt", dummy_input=inputs, output_path=tmp_path)
+    x = torch.randn(SHAPE)
+    x[0, 0, 0, 0] = bad
+    with pytest.raises(ValueError, match="non-finite"):
+        verify_deploy(qmodel, result, x)
