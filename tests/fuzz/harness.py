@@ -1,0 +1,269 @@
+"""Run one fuzz graph through one backend exactly as a user does, and classify what happened.
+
+The flow (public API only): ``prepare_by_platform(model.eval(), backend)`` -> ``enable_calibration`` ->
+the graph's calibration batches -> ``enable_quantization`` -> ``convert_deploy(..., dummy_input=...,
+output_path=tmp)`` -> ``verify_deploy(qmodel, result, inputs, reference=True)`` on a batch apart
+from the calibration ones -> an independent check of every model artifact.
+
+Statuses (:class:`CaseResult`):
+
+* ``ok``: deployed, verified, and the independent check agrees.
+* ``clear_error``: a ValueError, TypeError or NotImplementedError raised by mqbench's own code (the
+  innermost frame of its traceback is in the mqbench package): a message the user can act on.
+* ``crash``: any other exception (AttributeError, KeyError, runtime or torch internals, asserts, ...).
+* ``verify_failed``: ``verify_deploy`` ran and its report did not pass.
+* ``silent``: verify passed, but the artifacts, loaded as a user loads them, do not compute the
+  simulation's outputs (see :func:`check_artifacts` for the tolerance), or the prepared model with
+  quantization switched off no longer computes the float model.
+
+Example:
+    >>> from fuzz.grammar import generate
+    >>> run_case(generate(1, "sequence"), "qdq").status
+    'ok'
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+import traceback
+import warnings
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+import torch
+from torch import Tensor, nn
+
+import mqbench
+from backend_configs import ACADEMIC_8BIT
+from fuzz.builder import FuzzGraph
+from mqbench.backends import ParamsTable
+from mqbench.convert_deploy import convert_deploy
+from mqbench.deploy.verify import verify_deploy
+from mqbench.prepare_by_platform import prepare_by_platform
+from mqbench.utils.state import disable_all, enable_calibration, enable_quantization
+
+__all__ = [
+    "FLOAT_RELATIVE",
+    "MAX_RELATIVE",
+    "MEAN_RELATIVE",
+    "STATUSES",
+    "ArtifactMismatchError",
+    "CaseResult",
+    "check_artifacts",
+    "classify_error",
+    "ort_session",
+    "run_case",
+]
+
+STATUSES = ("ok", "clear_error", "crash", "verify_failed", "silent")
+CLEAR_ERRORS = (ValueError, TypeError, NotImplementedError)
+MQBENCH_ROOT = str(Path(mqbench.__file__).resolve().parent)
+MODEL_ARTIFACTS = ("onnx", "qlinear_onnx", "openvino_onnx")
+
+# The independent check's tolerance, as fractions of an output's range (max - min of the simulation's
+# values; max |value| where that range is 0). The artifact and the simulation compute one quantized
+# function, so they may part only where a value lands on a rounding tie that float arithmetic in
+# another order decides the other way: one step of one quantizer, which reaches an output scaled by
+# the layers after it (a weight times a step; an 8-bit grid's step is 1/255 of its range). A handful
+# of such flips moves an output by well under 1% of its range and leaves the mean difference near
+# zero. A wrong deployment (a tensor clipped to another quantizer's range, a missing or extra
+# quantizer, a wrong scale) is off by many steps on many elements: a large part of the range.
+MAX_RELATIVE = 0.05  # any element off by more than 5% of the range (about 13 steps of an 8-bit grid)
+MEAN_RELATIVE = 0.005  # or the mean difference over 0.5% of the range (more than a step on average)
+# The prepared model with every quantizer off is the float model, up to BatchNorm folded into weights.
+FLOAT_RELATIVE = 1e-3
+
+
+@dataclass
+class CaseResult:
+    """One graph x backend: the status, the stage it ended in, and the error or finding."""
+
+    seed: int
+    family: str
+    backend: str
+    status: str
+    stage: str = "done"  # prepare, calibrate, deploy, verify, check, float
+    error_type: str = ""
+    message: str = ""
+    location: str = ""  # file:line of the innermost frame of an exception
+    seconds: float = 0.0
+    warnings: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def __str__(self) -> str:
+        text = f"seed {self.seed} ({self.family}) on {self.backend}: {self.status} at {self.stage}"
+        if self.error_type:
+            text += f": {self.error_type}"
+        return text + (f": {self.message}" if self.message else "")
+
+
+def _innermost(error: BaseException) -> traceback.FrameSummary | None:
+    frames = traceback.extract_tb(error.__traceback__)
+    return frames[-1] if frames else None
+
+
+def classify_error(error: BaseException) -> tuple[str, str]:
+    """``("clear_error" | "crash", "file:line")``: clear only for a ValueError, TypeError or
+    NotImplementedError whose innermost frame is in the mqbench package."""
+    frame = _innermost(error)
+    location = f"{frame.filename}:{frame.lineno}" if frame else ""
+    ours = frame is not None and str(Path(frame.filename).resolve()).startswith(MQBENCH_ROOT)
+    status = "clear_error" if isinstance(error, CLEAR_ERRORS) and ours else "crash"
+    return status, location
+
+
+def _as_list(outputs: Any) -> list[Tensor]:
+    if isinstance(outputs, Tensor):
+        return [outputs]
+    flat: list[Tensor] = []
+    for item in outputs:
+        flat.extend(_as_list(item))
+    return flat
+
+
+def ort_session(path: str) -> ort.InferenceSession:
+    """An onnxruntime session as a user opens one (default optimizations), on 2 threads without spinning."""
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 2
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+
+
+def _run_onnxruntime(path: str, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    session = ort_session(path)
+    wanted = [value.name for value in session.get_inputs()]
+    unknown = [name for name in wanted if name not in feeds]
+    if unknown:
+        raise ArtifactMismatchError(
+            f"the artifact takes inputs {unknown}, which are not the deployment's inputs {list(feeds)}"
+        )
+    return [np.asarray(value) for value in session.run(None, {name: feeds[name] for name in wanted})]
+
+
+def _run_openvino(path: str, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    from openvino import Core  # optional runtime: loaded only for deployments that write its model
+
+    compiled = Core().compile_model(path, "CPU")
+    names = [port.get_any_name() for port in compiled.inputs]
+    unknown = [name for name in names if name not in feeds]
+    if unknown:
+        raise ArtifactMismatchError(
+            f"the artifact takes inputs {unknown}, which are not the deployment's inputs {list(feeds)}"
+        )
+    values = compiled({name: feeds[name] for name in names})
+    return [np.asarray(values[port]) for port in compiled.outputs]
+
+
+class ArtifactMismatchError(Exception):
+    """A model artifact that does not compute what the simulation computes (or takes other inputs)."""
+
+
+def _compare(
+    label: str, expected: Sequence[np.ndarray], got: Sequence[np.ndarray], relative: float, mean_relative: float
+) -> None:
+    if len(got) != len(expected):
+        raise ArtifactMismatchError(f"{label}: {len(got)} output(s), the simulation has {len(expected)}")
+    for index, (want, have) in enumerate(zip(expected, got, strict=True)):
+        if have.size != want.size:
+            raise ArtifactMismatchError(
+                f"{label} output {index}: shape {list(have.shape)}, simulation {list(want.shape)}"
+            )
+        want64 = want.astype(np.float64).reshape(-1)
+        have64 = have.astype(np.float64).reshape(-1)
+        if not want64.size:
+            continue
+        span = float(want64.max() - want64.min()) or float(np.abs(want64).max()) or 1.0
+        delta = np.abs(have64 - want64)
+        worst, mean = float(delta.max()) / span, float(delta.mean()) / span
+        if worst > relative or mean > mean_relative:
+            raise ArtifactMismatchError(
+                f"{label} output {index}: off by up to {worst:.1%} of its range ({float(delta.max()):.4g} of "
+                f"{span:.4g}), {float(np.mean(delta > relative * span)):.0%} of elements beyond {relative:.1%}"
+            )
+
+
+def check_artifacts(qmodel: nn.Module, result: Any, inputs: Sequence[Tensor]) -> None:
+    """Load each model artifact as a user would, run it on ``inputs`` and compare every output with
+    ``qmodel(*inputs)``; raises an exception naming the artifact and output that is wrong."""
+    with torch.no_grad():
+        expected = [t.detach().cpu().numpy() for t in _as_list(qmodel(*inputs))]
+    feeds = {name: t.detach().cpu().numpy() for name, t in zip(result.input_names, inputs, strict=True)}
+    runners = {"onnx": _run_onnxruntime, "qlinear_onnx": _run_onnxruntime, "openvino_onnx": _run_openvino}
+    for key in MODEL_ARTIFACTS:
+        if key in result.artifacts:
+            _compare(key, expected, runners[key](result.artifacts[key], feeds), MAX_RELATIVE, MEAN_RELATIVE)
+
+
+def _check_float(graph: FuzzGraph, qmodel: nn.Module, inputs: Sequence[Tensor]) -> None:
+    """With every quantizer off, the prepared model computes the float model (BN folding aside)."""
+    model = graph.build()
+    disable_all(qmodel)
+    try:
+        with torch.no_grad():
+            expected = [t.numpy() for t in _as_list(model(*[t.clone() for t in inputs]))]
+            got = [t.numpy() for t in _as_list(qmodel(*[t.clone() for t in inputs]))]
+    finally:
+        enable_quantization(qmodel)
+    _compare("prepared model with quantization off", expected, got, FLOAT_RELATIVE, FLOAT_RELATIVE)
+
+
+def prepare_config(backend: str) -> dict | None:
+    """What a user passes for a backend without default quantizers (its spec has no weight scheme)."""
+    return ACADEMIC_8BIT if ParamsTable[backend].weight is None else None
+
+
+def run_case(graph: FuzzGraph, backend: str, verify_scale: float = 1.0, folder: str | None = None) -> CaseResult:
+    """Prepare, calibrate, deploy, verify and check ``graph`` on ``backend``; never raises for the model's sake.
+
+    ``verify_scale`` multiplies the verification batch (1: the calibration distribution).
+    """
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the graphs are tiny: more threads only wait on each other
+    try:
+        return _run_case(graph, backend, verify_scale, folder)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _run_case(graph: FuzzGraph, backend: str, verify_scale: float, folder: str | None) -> CaseResult:
+    start = time.perf_counter()
+    case = CaseResult(graph.seed, graph.family, backend, "ok")
+    stage = "prepare"
+    with warnings.catch_warnings(record=True) as caught, tempfile.TemporaryDirectory(dir=folder) as tmp:
+        warnings.simplefilter("always")
+        try:
+            qmodel = prepare_by_platform(graph.build(), backend, prepare_custom_config_dict=prepare_config(backend))
+            stage = "calibrate"
+            enable_calibration(qmodel)
+            with torch.no_grad():
+                for batch in graph.calibration_batches():
+                    qmodel(*batch)
+            enable_quantization(qmodel)
+            stage = "deploy"
+            result = convert_deploy(qmodel, backend, dummy_input=graph.batch(0), output_path=tmp)
+            stage = "verify"
+            inputs = graph.verify_inputs(verify_scale)
+            report = verify_deploy(qmodel, result, inputs, reference=True)
+            if not report.passed:
+                case.status, case.message = "verify_failed", "; ".join(report.failures())
+            else:
+                stage = "check"
+                check_artifacts(qmodel, result, inputs)
+                stage = "float"
+                _check_float(graph, qmodel, inputs)
+        except ArtifactMismatchError as mismatch:
+            case.status, case.message = "silent", str(mismatch)
+        except Exception as error:  # the harness's purpose: every failure becomes a result
+            case.status, case.location = classify_error(error)
+            case.error_type, case.message = type(error).__name__, str(error).strip()
+        case.warnings = sorted({f"{w.category.__name__}: {w.message}" for w in caught})
+    case.stage = stage if case.status != "ok" else "done"
+    case.seconds = time.perf_counter() - start
+    return case
