@@ -41,6 +41,7 @@ from onnx import numpy_helper
 from torch import Tensor, nn
 
 from mqbench.backends import BackendSpec, resolve_backend
+from mqbench.custom_quantizer.passes import set_submodule
 from mqbench.custom_quantizer.plan import plan_of
 from mqbench.deploy.context import DeployContext, DeployResult, DeployStep
 from mqbench.deploy.cpu_check import cpu_warning
@@ -54,6 +55,7 @@ from mqbench.fake_quantize.quantize_base import QuantizeBase
 from mqbench.prepare_by_platform import BACKEND_ATTRIBUTE
 from mqbench.qparams import QParamTable
 from mqbench.utils.host import host_facts
+from mqbench.utils.state import integer_quantizers
 
 __all__ = [
     "DeployContext",
@@ -309,7 +311,18 @@ def _deploy(
             f"(built-in: {sorted(WRITERS)}) and no deploy step was registered for; register one with "
             f"@register_deploy_function({spec.name!r}, {missing[0]!r})"
         )
-    deployed = convert_merge_bn(model)
+    merged = merge_bn(model)
+    example, _ = _example_inputs(input_shape_dict, dummy_input, merged)
+    try:
+        integer = integer_quantizers(merged, example)
+    except (RuntimeError, TypeError, ValueError, IndexError) as error:
+        message = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise RuntimeError(
+            f"the model does not run on inputs of shapes {[list(a.shape) for a in example]}: {message}"
+        ) from error
+    for name in integer:  # they pass integers through: no quantizer there
+        set_submodule(merged, name, nn.Identity())
+    deployed = freeze_quantizers(merged)
     float_model, table, input_names, output_names = convert_onnx(
         deployed, input_shape_dict, dummy_input, **extra_kwargs
     )

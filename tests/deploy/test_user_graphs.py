@@ -141,7 +141,25 @@ class ZeroWeights(nn.Module):
         return x
 
 
+class ConstantOperands(nn.Module):
+    """Operands computed from parameters alone, which the exporter folds into constants: a ConvNeXt-style
+    layer scale (``gamma.reshape``) and a Swin-style relative position bias gathered from its table."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.gamma = nn.Parameter(torch.rand(4) + 0.5)
+        self.table = nn.Parameter(torch.randn(15, 4))
+        self.register_buffer("index", torch.randint(0, 15, (8 * 8,)), persistent=False)
+
+    def forward(self, x):
+        y = self.conv(x) * self.gamma.reshape(1, -1, 1, 1)
+        bias = self.table[self.index].reshape(8, 8, 4).permute(2, 0, 1)
+        return torch.relu(y + bias.unsqueeze(0))
+
+
 CASES = {
+    "constant_operands": (ConstantOperands, 1),
     "dead_branch": (DeadBranch, 1),
     "output_feeds_layer": (OutputFeedsLayer, 1),
     "returns_input": (ReturnsInput, 1),
@@ -256,3 +274,36 @@ def test_verify_refuses_non_finite_inputs(bad, tmp_path):
     x[0, 0, 0, 0] = bad
     with pytest.raises(ValueError, match="non-finite"):
         verify_deploy(qmodel, result, x)
+
+
+class PositionIds(nn.Module):
+    """Integer arithmetic on token ids (position ids as RoBERTa computes them) next to float layers."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tokens, self.positions, self.linear = nn.Embedding(10, 8), nn.Embedding(40, 8), nn.Linear(8, 8)
+
+    def forward(self, ids):
+        mask = ids.ne(1).int()
+        positions = torch.cumsum(mask, dim=1).type_as(mask) * mask + 1
+        return self.linear(self.tokens(ids) + self.positions(positions.long()))
+
+
+class IntegerOffsets(nn.Module):
+    """A float tensor plus an integer ``arange`` product."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 1)
+
+    def forward(self, x):
+        y = self.conv(x)
+        return y + torch.arange(y.shape[-1]) * 2
+
+
+@pytest.mark.parametrize("backend", [*BACKENDS, "snpe", "tensorrt_nlp"])
+def test_integer_arithmetic_is_not_quantized(backend, tmp_path):
+    torch.manual_seed(0)
+    ids = torch.randint(0, 10, (2, 6), generator=torch.Generator().manual_seed(2))
+    deploy_and_check(PositionIds(), backend, (ids,), tmp_path / "ids")
+    deploy_and_check(IntegerOffsets(), backend, (torch.randn(SHAPE),), tmp_path / "offsets")

@@ -107,11 +107,24 @@ def export_marked(
             path = Path(folder) / "marked.onnx"
             torch.onnx.export(wrapper, args, str(path), **kwargs)
             exported = onnx.load(str(path), load_external_data=True)
+        _name_outputs(exported.graph, names)
         repair_export(exported, list(zip(input_names, args, strict=False)))
     finally:
         for quantizer in frozen:
             quantizer.tap = None
     return ExportedGraph(exported, marks, output_names, list(input_names))
+
+
+def _name_outputs(graph: onnx.GraphProto, names: Sequence[str]) -> None:
+    """Give every output the name asked for: an output the exporter folded into a constant (a quantizer's
+    input computed from parameters alone, as a layer scale ``gamma.reshape(...)`` or a relative position
+    bias gathered from its table) carries the constant's name; an Identity gives it the asked one."""
+    if len(graph.output) != len(names):
+        raise RuntimeError(f"the exporter wrote {len(graph.output)} outputs for {len(names)} asked")
+    for value, name in zip(graph.output, names, strict=True):
+        if value.name != name:
+            graph.node.append(make_node("Identity", [value.name], [name], f"{name}_identity"))
+            value.name = name
 
 
 @contextlib.contextmanager

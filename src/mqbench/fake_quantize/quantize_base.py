@@ -122,6 +122,8 @@ class QuantizeBase(nn.Module):
 
     # -- forward -----------------------------------------------------------------------------
     def forward(self, x: Tensor) -> Tensor:
+        if not x.is_floating_point():  # integer arithmetic (position ids, indices) is not quantized
+            return x
         if _exporting():
             return self.export_forward(x) if self._switch("fake_quant") else x
         if self._switch("observer"):

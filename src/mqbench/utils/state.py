@@ -19,10 +19,11 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, Protocol, cast
 
+import torch
 from torch import Tensor, nn
 
 __all__ = [
@@ -35,6 +36,7 @@ __all__ = [
     "enable_calibration_quantization",
     "enable_calibration_woquantization",
     "enable_quantization",
+    "integer_quantizers",
     "is_quantizer",
     "quantizers",
     "uncalibrated_quantizers",
@@ -91,9 +93,38 @@ def uncalibrated_quantizers(model: nn.Module) -> list[str]:
     ]
 
 
+def integer_quantizers(model: nn.Module, args: Sequence[Any]) -> list[str]:
+    """The quantizers that read only integer tensors (position ids, indices) when ``model`` runs on ``args``.
+
+    A fake quantizer passes an integer tensor through unchanged and its observer never sees it: such a
+    quantizer has nothing to calibrate and nothing to deploy. Found by one float forward (every
+    quantizer off; the model's own forward hooks are not run).
+    """
+    floating: dict[str, set[bool]] = {}
+    handles = []
+    with all_switched_off(model) as found:
+        for name, quantizer in found.items():
+
+            def record(module: nn.Module, inputs: tuple[Any, ...], name: str = name) -> None:
+                if inputs and isinstance(inputs[0], Tensor):
+                    floating.setdefault(name, set()).add(inputs[0].is_floating_point())
+
+            handles.append(cast(nn.Module, quantizer).register_forward_pre_hook(record))
+        try:
+            with torch.no_grad():
+                model.forward(*args)
+        finally:
+            for handle in handles:
+                handle.remove()
+    return [name for name, kinds in floating.items() if kinds == {False}]
+
+
 def _check_calibrated(model: nn.Module, args: Any) -> None:
     """Forward pre-hook of :func:`enable_quantization`: fail before the first layer, naming every culprit."""
     missing = uncalibrated_quantizers(model)
+    if missing:  # quantizers of integer tensors have nothing to calibrate
+        integer = set(integer_quantizers(model, args))
+        missing = [name for name in missing if name not in integer]
     if missing:
         shown = ", ".join(missing[:_SHOWN]) + (f" and {len(missing) - _SHOWN} more" if len(missing) > _SHOWN else "")
         raise UncalibratedError(
