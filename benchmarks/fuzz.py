@@ -149,7 +149,9 @@ def normalize(message: str) -> str:
     """A message with its particulars (names, numbers, paths) masked, so one defect is one group."""
     text = message.strip().splitlines()[0] if message.strip() else ""
     text = re.sub(r"(/[\w.\-]+)+", "<path>", text)
-    text = re.sub(r"'[^']*'|\"[^\"]*\"", "'_'", text)
+    while re.search(r"\([^()]*\)", text):  # the particulars in parentheses (op lists, shapes, tensors)
+        text = re.sub(r"\([^()]*\)", "<...>", text)
+    text = re.sub(r"(?<!\w)'[^']*'|\"[^\"]*\"", "'_'", text)
     text = re.sub(r"\b\d+(\.\d+)?(e[-+]?\d+)?%?", "N", text)
     text = re.sub(r"\b(t|x|ids|conv|deconv|fc|bn|act|q|k|v|o|ln|gate|emb|pool|gap|up|shared|scale)N\b", "<name>", text)
     return text[:240]
@@ -194,6 +196,19 @@ def failure_groups(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
         )
     out.sort(key=lambda g: (FAILURES.index(g["status"]), -g["count"]))
     return out
+
+
+def source_state() -> dict[str, Any]:
+    """The commit measured and whether the package's sources differed from it (uncommitted edits)."""
+    root = TESTS.parent
+
+    def git(*args: str) -> str:
+        try:
+            return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, check=True).stdout.strip()
+        except (OSError, subprocess.CalledProcessError):
+            return ""
+
+    return {"commit": git("rev-parse", "HEAD"), "src_edited": bool(git("status", "--porcelain", "src"))}
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -253,6 +268,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     path = write_json(
         args.output,
         {
+            "source": source_state(),
             "arguments": {k: v for k, v in vars(args).items() if k not in ("worker", "backend_list")},
             "backends": args.backend_list,
             "planned": len(planned),

@@ -79,8 +79,9 @@ class FuzzGraph:
             f"{self.source}\n"
             f"torch.manual_seed({self.seed})\n"
             "model = Net().eval()\n"
-            f"# data: tests/fuzz/grammar.py generate({self.seed}, {self.family!r}).batch(i) "
-            f"(calibration i = 0..{CALIBRATION_BATCHES - 1}, verification i = -1)\n"
+            f"# data (with tests/ on sys.path): from fuzz.grammar import generate; "
+            f"generate({self.seed}, {self.family!r}).batch(i), calibration i = 0..{CALIBRATION_BATCHES - 1}, "
+            "verification i = -1\n"
         )
 
 

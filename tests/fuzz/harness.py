@@ -192,9 +192,10 @@ def _compare(
 def check_artifacts(qmodel: nn.Module, result: Any, inputs: Sequence[Tensor]) -> None:
     """Load each model artifact as a user would, run it on ``inputs`` and compare every output with
     ``qmodel(*inputs)``; raises an exception naming the artifact and output that is wrong."""
+    # Copies: a model with an inplace op on its input changes the tensor it is given.
+    feeds = {name: t.detach().cpu().numpy().copy() for name, t in zip(result.input_names, inputs, strict=True)}
     with torch.no_grad():
-        expected = [t.detach().cpu().numpy() for t in _as_list(qmodel(*inputs))]
-    feeds = {name: t.detach().cpu().numpy() for name, t in zip(result.input_names, inputs, strict=True)}
+        expected = [t.detach().cpu().numpy() for t in _as_list(qmodel(*[t.clone() for t in inputs]))]
     runners = {"onnx": _run_onnxruntime, "qlinear_onnx": _run_onnxruntime, "openvino_onnx": _run_openvino}
     for key in MODEL_ARTIFACTS:
         if key in result.artifacts:
@@ -249,15 +250,14 @@ def _run_case(graph: FuzzGraph, backend: str, verify_scale: float, folder: str |
             stage = "deploy"
             result = convert_deploy(qmodel, backend, dummy_input=graph.batch(0), output_path=tmp)
             stage = "verify"
-            inputs = graph.verify_inputs(verify_scale)
-            report = verify_deploy(qmodel, result, inputs, reference=True)
+            report = verify_deploy(qmodel, result, graph.verify_inputs(verify_scale), reference=True)
             if not report.passed:
                 case.status, case.message = "verify_failed", "; ".join(report.failures())
             else:
                 stage = "check"
-                check_artifacts(qmodel, result, inputs)
+                check_artifacts(qmodel, result, graph.verify_inputs(verify_scale))
                 stage = "float"
-                _check_float(graph, qmodel, inputs)
+                _check_float(graph, qmodel, graph.verify_inputs(verify_scale))
         except ArtifactMismatchError as mismatch:
             case.status, case.message = "silent", str(mismatch)
         except Exception as error:  # the harness's purpose: every failure becomes a result
