@@ -307,3 +307,37 @@ def test_integer_arithmetic_is_not_quantized(backend, tmp_path):
     ids = torch.randint(0, 10, (2, 6), generator=torch.Generator().manual_seed(2))
     deploy_and_check(PositionIds(), backend, (ids,), tmp_path / "ids")
     deploy_and_check(IntegerOffsets(), backend, (torch.randn(SHAPE),), tmp_path / "offsets")
+
+
+def _scaled_hex(line: str, factor: float) -> str:
+    name, value = line.split(": ")
+    scale = np.frombuffer(bytes.fromhex(value.strip()), dtype=">f4")[0] * factor
+    return f"{name}: {np.array(scale, dtype='>f4').tobytes().hex()}"
+
+
+def test_edited_parameter_files_fail_verification(tmp_path):
+    """An input range x1.5 in clip_ranges, a scale x2 in the calibration cache: each file no longer holds what
+    was simulated. Widening a range by such factors moves each value by at most about one of the simulation's
+    steps (within the rounding tolerance), so the check is of the quantization the file holds itself."""
+    import json
+    from pathlib import Path
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Conv2d(4, 4, 3))
+    x = torch.randn(SHAPE, generator=torch.Generator().manual_seed(1))
+    qmodel = calibrated(model, "tensorrt", (x,))
+    result = convert_deploy(qmodel, "tensorrt", dummy_input=x, output_path=tmp_path)
+    assert verify_deploy(qmodel, result, x).passed
+    first, second = [name for name, entry in result.table.items() if entry.kind == "activation"]
+    ranges_file, cache_file = Path(result.artifacts["clip_ranges"]), Path(result.artifacts["calib_cache"])
+    ranges = json.loads(ranges_file.read_text())
+    ranges["tensorrt"]["blob_range"][first] *= 1.5
+    ranges["qparams"][first]["scale"] *= 1.5
+    ranges_file.write_text(json.dumps(ranges))
+    lines = cache_file.read_text().splitlines()
+    lines = [lines[0], *(_scaled_hex(line, 2.0) if line.startswith(f"{second}:") else line for line in lines[1:])]
+    cache_file.write_text("\n".join(lines) + "\n")
+    report = verify_deploy(qmodel, result, x, artifacts=["clip_ranges", "calib_cache"], host=False)
+    failures = report.failures()
+    assert {line.split(":")[0] for line in failures} == {"clip_ranges", "calib_cache"}, failures
+    assert f"quantization of {first!r}" in failures[0] and f"quantization of {second!r}" in failures[1]

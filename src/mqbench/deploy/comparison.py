@@ -93,6 +93,7 @@ class ArtifactReport:
     local_outputs: dict[str, TensorDiff] = field(default_factory=dict)  # from the runtime's own quantized tensors
     host: HostReport | None = None  # this host's runtime as it serves the artifact (None: no separate serving path)
     missing: list[str] = field(default_factory=list)  # network outputs the runtime did not give
+    changed: list[str] = field(default_factory=list)  # a parameter file's tensors whose quantization is not simulated
 
     @property
     def max_abs_diff(self) -> float:
@@ -144,7 +145,8 @@ class ArtifactReport:
             for name, d in self.local_outputs.items()
             if d.float_mismatch() or (d.max_lsb_diff is not None and d.max_lsb_diff > tolerance)
         ]
-        return tensors + outputs + [f"output {name!r} (missing)" for name in self.missing]
+        missing = [f"output {name!r} (missing)" for name in self.missing]
+        return [*tensors, *outputs, *missing, *(f"quantization of {tensor}" for tensor in self.changed)]
 
 
 @dataclass

@@ -163,6 +163,7 @@ def _verify_parameter_file(key: str, result: Any, feeds: Mapping[str, np.ndarray
         raise ValueError(f"no reader checks {key!r}")
     read = reader(result.artifacts[key], resolve_backend(result.backend), float_model)
     entries: dict[str, TensorQParams] = {}
+    changed = []
     for tensor, entry in result.table.items():
         source = read.get(tensor)
         if source is None and entry.kind == "activation":
@@ -170,13 +171,36 @@ def _verify_parameter_file(key: str, result: Any, feeds: Mapping[str, np.ndarray
         if source is None:  # a format without weights (TensorRT's calibration cache): the deployment's
             entries[tensor] = entry
             continue
+        if not _same_range(source, entry):
+            changed.append(f"{tensor!r} (the file's range {_shown(source)}, simulated {_shown(entry)})")
         # Values from the file; the placement (who reads the quantized value) from the deployment.
         entries[tensor] = source.with_changes(consumers=entry.consumers, quantizer=entry.quantizer, extra=entry.extra)
     table = QParamTable(entries)
     rebuilt, dequantized = insert_qdq(float_model, table)
     values = run_ort(rebuilt, feeds, list(dequantized.values()) + list(result.output_names), optimize=False)
-    report = ArtifactReport(key, "onnxruntime (rebuilt)")
-    return compare(report, values, table, dequantized, run, result.output_names)
+    report = ArtifactReport(key, "onnxruntime (rebuilt)", changed=changed)
+    # Measured on the simulation's grid (the deployment's table): a file whose scales or ranges were edited
+    # must not set the step its own differences are counted in.
+    return compare(report, values, result.table, dequantized, run, result.output_names)
+
+
+def _same_range(read: TensorQParams, simulated: TensorQParams) -> bool:
+    """The file holds the simulated quantization: the same integer range and float range (the file's text form
+    may round a scale in its last float32 bit, hence the relative 1e-6)."""
+    if (read.quant_min, read.quant_max, read.grid) != (simulated.quant_min, simulated.quant_max, simulated.grid):
+        return False
+    if read.grid != "linear":
+        return bool(np.isclose(read.data_max or 0.0, simulated.data_max or 0.0, rtol=1e-6))
+    return all(
+        np.allclose(a, b, rtol=1e-6, atol=0) for a, b in zip(read.float_range(), simulated.float_range(), strict=True)
+    )
+
+
+def _shown(entry: TensorQParams) -> str:
+    low, high = entry.float_range()
+    if entry.axis is not None:
+        return f"per channel, up to [{float(np.min(low)):.4g}, {float(np.max(high)):.4g}]"
+    return f"[{low:.4g}, {high:.4g}]"
 
 
 def _verify_reference(result: Any, feeds: Mapping[str, np.ndarray], run: VerifyRun) -> ArtifactReport:
