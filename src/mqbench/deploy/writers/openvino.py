@@ -108,6 +108,93 @@ def _limits(tensor: str, entry: TensorQParams, rank: int | None) -> tuple[np.nda
     return np.asarray(low, np.float32).reshape(shape), np.asarray(high, np.float32).reshape(shape)
 
 
+def _explicit_pool_padding(graph: onnx.GraphProto) -> None:
+    """Give each AveragePool that counts its zero padding (``count_include_pad=1``) an explicit Pad instead.
+
+    OpenVINO's CPU plugin may keep a signed int8 tensor as unsigned values shifted by 128 (an
+    int8 convolution writes it so); an AveragePool of it then pads with the shifted zero, i.e.
+    ``-128`` steps of the input, and every border value is off. A ``Pad`` (constant zero) before an
+    unpadded AveragePool is the same arithmetic (the zeros are in the sum, the divisor the window
+    size), and OpenVINO pads the shifted tensor with its zero point.
+    """
+    taken = all_names(graph)
+    nodes: list[onnx.NodeProto] = []
+    for node in graph.node:
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        pads = list(attrs.get("pads", []))
+        if node.op_type != "AveragePool" or not attrs.get("count_include_pad") or not any(pads):
+            nodes.append(node)
+            continue
+        if attrs.get("auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET"):
+            nodes.append(node)
+            continue
+        half = len(pads) // 2
+        full = [0, 0, *pads[:half], 0, 0, *pads[half:]]  # ONNX Pad: begins of every axis, then ends
+        pads_name = unique_name(f"{node.name or node.output[0]}_pads", taken)
+        graph.initializer.append(constant(pads_name, np.array(full, np.int64)))
+        padded = unique_name(f"{node.input[0]}_padded", taken)
+        nodes.append(
+            helper.make_node("Pad", [node.input[0], pads_name], [padded], name=unique_name(f"{padded}_Pad", taken))
+        )
+        node.input[0] = padded
+        kept = [a for a in node.attribute if a.name not in ("pads", "count_include_pad")]
+        del node.attribute[:]
+        node.attribute.extend(kept)
+        nodes.append(node)
+    del graph.node[:]
+    graph.node.extend(nodes)
+
+
+def _scale_before_relu(graph: onnx.GraphProto, table: QParamTable) -> None:
+    """Rewrite ``Relu -> Mul / Div by a constant with negative elements`` as the scaling, then a clamp.
+
+    OpenVINO's CPU plugin folds such a constant into the output scale of an int8 convolution or
+    matrix product before the Relu it fuses, which turns ``k * relu(x)`` into ``relu(k * x)`` where
+    ``k < 0`` (every value of those channels wrong). ``k * relu(x)`` is exactly
+    ``min(max(k * x, low), high)`` with ``low = 0, high = +max`` where ``k >= 0`` and
+    ``low = -max, high = 0`` where ``k < 0`` (``max`` the largest float32), which it serves as
+    written. A Relu output the table quantizes is left alone (its FakeQuantize stops the folding).
+    """
+    inits = initializer_map(graph)
+    producers = {output: node for node in graph.node for output in node.output}
+    users = consumers_of(graph)
+    taken = all_names(graph)
+    top = np.finfo(np.float32).max
+    added: list[onnx.NodeProto] = []
+    bypassed: list[onnx.NodeProto] = []
+    for node in list(graph.node):
+        if node.op_type not in ("Mul", "Div") or len(node.input) != 2:
+            continue
+        operands = [1] if node.op_type == "Div" else [0, 1]
+        for index in operands:
+            relu, factor = producers.get(node.input[1 - index]), inits.get(node.input[index])
+            if relu is None or relu.op_type != "Relu" or factor is None or relu.output[0] in table:
+                continue
+            k = numpy_helper.to_array(factor)
+            if k.dtype.kind != "f" or not np.any(k < 0):
+                continue
+            low = np.where(k < 0, -top, 0).astype(np.float32)
+            high = np.where(k < 0, 0, top).astype(np.float32)
+            names = {tag: unique_name(f"{node.name or node.output[0]}_{tag}", taken) for tag in ("low", "high")}
+            graph.initializer.extend(constant(names[tag], value) for tag, value in (("low", low), ("high", high)))
+            scaled, floor = (unique_name(f"{node.output[0]}_{tag}", taken) for tag in ("scaled", "floor"))
+            output = node.output[0]
+            node.input[1 - index] = relu.input[0]
+            node.output[0] = scaled
+            added += [
+                helper.make_node("Max", [scaled, names["low"]], [floor], name=unique_name(f"{output}_Max", taken)),
+                helper.make_node("Min", [floor, names["high"]], [output], name=unique_name(f"{output}_Min", taken)),
+            ]
+            users[relu.output[0]] = [n for n in users.get(relu.output[0], []) if n is not node]
+            bypassed.append(relu)
+            break
+    graph.node.extend(added)
+    outputs = {v.name for v in graph.output}
+    for relu in bypassed:  # a Relu no one reads any more
+        if relu in graph.node and not users[relu.output[0]] and relu.output[0] not in outputs:
+            graph.node.remove(relu)
+
+
 def to_openvino(
     model: onnx.ModelProto, table: QParamTable, use_consumers: bool = True
 ) -> tuple[onnx.ModelProto, dict[str, str]]:
@@ -119,6 +206,8 @@ def to_openvino(
     model = onnx.ModelProto.FromString(model.SerializeToString())
     graph = model.graph
     ranks = _ranks(model)
+    _scale_before_relu(graph, table)
+    _explicit_pool_padding(graph)
     taken = all_names(graph)
     users = consumers_of(graph)
     known = {v.name for v in graph.input} | set(initializer_map(graph)) | {o for n in graph.node for o in n.output}
@@ -289,12 +378,22 @@ def _compile_config(threads: int, precision: str | None) -> dict[str, object]:
     return config
 
 
-def _serve_file(path: str, inputs: Mapping[str, np.ndarray], threads: int, precision: str | None) -> dict:
-    import openvino as ov
-
-    compiled = ov.Core().compile_model(path, "CPU", _compile_config(threads, precision))
-    values = compiled({name: np.ascontiguousarray(value) for name, value in inputs.items()})
-    return {name: np.asarray(value) for port, value in values.items() for name in port.get_names()}
+# The child process of run_openvino_file: only OpenVINO and numpy (no torch to import first).
+_SERVE_FILE = """
+import pickle, sys
+from pathlib import Path
+import numpy as np
+import openvino as ov
+model, inputs, outputs, threads, precision = sys.argv[1:6]
+config = {"INFERENCE_NUM_THREADS": int(threads)}
+if precision:
+    config["INFERENCE_PRECISION_HINT"] = precision
+compiled = ov.Core().compile_model(model, "CPU", config)
+feeds = pickle.loads(Path(inputs).read_bytes())
+values = compiled({name: np.ascontiguousarray(value) for name, value in feeds.items()})
+by_name = {name: np.asarray(value) for port, value in values.items() for name in port.get_names()}
+Path(outputs).write_bytes(pickle.dumps(by_name))
+"""
 
 
 def run_openvino_file(
@@ -314,7 +413,7 @@ def run_openvino_file(
     with tempfile.TemporaryDirectory() as folder:
         feeds, results = Path(folder) / "inputs.pkl", Path(folder) / "outputs.pkl"
         feeds.write_bytes(pickle.dumps({name: np.asarray(value) for name, value in inputs.items()}))
-        command = [sys.executable, "-m", __name__, str(path), str(feeds), str(results), str(int(threads))]
+        command = [sys.executable, "-c", _SERVE_FILE, str(path), str(feeds), str(results), str(int(threads))]
         child = subprocess.run([*command, precision or ""], capture_output=True, text=True, timeout=timeout)
         if child.returncode != 0 or not results.exists():
             status = f"signal {-child.returncode}" if child.returncode < 0 else f"exit status {child.returncode}"
@@ -375,9 +474,3 @@ def serve(result: Any, threads: int = 2) -> Callable[[Mapping[str, np.ndarray]],
         return [np.asarray(values[ports[name]]) for name in outputs]
 
     return run
-
-
-if __name__ == "__main__":  # the child process of run_openvino_file: model, inputs, outputs, threads, precision
-    _model, _inputs, _outputs, _threads, _precision = sys.argv[1:6]
-    _values = _serve_file(_model, pickle.loads(Path(_inputs).read_bytes()), int(_threads), _precision or None)
-    Path(_outputs).write_bytes(pickle.dumps(_values))
