@@ -86,7 +86,8 @@ def test_verify_command_host_verdict_exit_status_and_remedy(capsys, monkeypatch,
         assert "FAILED openvino_onnx: OpenVINO CPU on this host" in out and "16-bit" in out and "reduce_range" in out
     assert main(["verify", "--backend", "openvino", "--reduce-range"]) == 0
     assert "== openvino: ok" in capsys.readouterr().out
-    assert list(tmp_path.iterdir()) == []  # no mqbench-verify-* folder left behind
+    # no folder of mqbench's left behind (torch's own compile cache may appear there when torch.optim first loads)
+    assert [p.name for p in tmp_path.iterdir() if not p.name.startswith("torchinductor")] == []
 
 
 def test_verify_command_loads_a_prepared_models_state_dict(capsys, tmp_path):

@@ -122,7 +122,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     for command in (ptq, qat, bench, profile, mixed):
         command.add_argument("--config", required=True, help="the YAML configuration (see examples/)")
-        command.add_argument("--output", required=True, help="the run folder (created; files in it are replaced)")
+        command.add_argument(
+            "--output", required=True, help="the run folder (created; one holding a finished run is refused)"
+        )
+        command.add_argument(
+            "--overwrite",
+            action="store_true",
+            help="replace the finished run in --output (its files, deploy/ included, go when the new run finishes; "
+            "they stay if it does not)",
+        )
         command.add_argument("--quiet", action="store_true", help="no progress bars or log lines, only the summary")
     return parser
 
@@ -187,6 +195,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _saved_run_command(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     """``mqbench deploy --run DIR`` / ``mqbench verify --run DIR``; verify exits with 1 when a verdict failed."""
     from mqbench.app.config import ConfigError
+    from mqbench.app.folder import ChecksumError, OutputError
     from mqbench.app.saved import deploy_saved_run, verify_saved_run
     from mqbench.utils.logger import logger
 
@@ -206,8 +215,12 @@ def _saved_run_command(parser: argparse.ArgumentParser, args: argparse.Namespace
                 print(f"{key}: {path}")
             return 0
         check = verify_saved_run(args.run, reference=args.reference)
-    except ConfigError as error:
+    except (ConfigError, ChecksumError, OutputError) as error:
         parser.error(str(error))
+    except OSError as error:  # the artifacts' folder (--output) cannot be written
+        from mqbench.app.folder import describe_os_error
+
+        parser.error(describe_os_error(error))
     print(check.report.summary())
     verdict = "passed" if check.passed else "FAILED"
     print(f"{args.run}: {check.backend} artifacts {verdict} (tolerance {check.tolerance} LSB)")
@@ -218,6 +231,7 @@ def _run_command(parser: argparse.ArgumentParser, args: argparse.Namespace) -> i
     """``mqbench ptq / qat / bench``: a configuration run; exit status 1 when a verification failed."""
     # imported when the command runs: `mqbench --help` answers without loading torch
     from mqbench.app.config import ConfigError
+    from mqbench.app.folder import OutputError
     from mqbench.utils.logger import logger
     from mqbench.utils.memory import keep_freed_memory
 
@@ -228,7 +242,7 @@ def _run_command(parser: argparse.ArgumentParser, args: argparse.Namespace) -> i
         if args.command == "bench":
             from mqbench.app.bench import run_bench
 
-            payload = run_bench(args.config, args.output, quiet=args.quiet)
+            payload = run_bench(args.config, args.output, quiet=args.quiet, overwrite=args.overwrite)
             print((Path(args.output) / "bench.md").read_text())
             return 0 if all(row["verified"] for row in payload["rows"]) else 1
         from mqbench.app.precision import run_mixed_precision, run_profile
@@ -237,8 +251,8 @@ def _run_command(parser: argparse.ArgumentParser, args: argparse.Namespace) -> i
         from mqbench.app.runs import describe_results
 
         command = {"ptq": run_ptq, "qat": run_qat, "profile": run_profile, "mixed-precision": run_mixed_precision}
-        results = command[args.command](args.config, args.output, quiet=args.quiet)
-    except ConfigError as error:
+        results = command[args.command](args.config, args.output, quiet=args.quiet, overwrite=args.overwrite)
+    except (ConfigError, OutputError) as error:
         parser.error(str(error))
     if "verify" not in results:  # a rank other than 0
         return 0

@@ -15,6 +15,7 @@ import yaml
 from onnx import numpy_helper
 
 from app.test_qat_command import TINY_MODELS
+from mqbench.app.folder import update_checksums
 from mqbench.cli import main
 
 
@@ -53,6 +54,11 @@ def test_verify_checks_the_files_in_the_folder(ptq_run, capsys):
     changed.reshape(-1)[: changed.size // 2] = changed.reshape(-1)[: changed.size // 2][::-1]
     weights.CopyFrom(numpy_helper.from_array(changed, weights.name))
     onnx.save(model, str(path))
+    with pytest.raises(SystemExit) as exit_info:  # the run's checksum list names the changed file first
+        main(["verify", "--run", str(ptq_run)])
+    assert exit_info.value.code == 2
+    assert "deploy/resnet18.onnx changed after the run finished" in capsys.readouterr().err
+    update_checksums(ptq_run, [path])  # recorded as the run's: the verification itself measures the change
     assert main(["verify", "--run", str(ptq_run)]) == 1
     assert "FAILED" in capsys.readouterr().out.upper()
 
@@ -82,6 +88,11 @@ def test_folders_that_cannot_be_used_say_why(ptq_run, tmp_path, capsys):
     assert "not a run folder (it needs results.json and config.yaml)" in usage_error(["verify", "--run", str(tmp_path)])
     assert "drop --backend" in usage_error(["verify", "--run", str(ptq_run), "--backend", "tensorrt"])
     shutil.rmtree(ptq_run / "deploy")
+    assert (
+        "is missing (the run recorded its checksum in checksums.sha256); write the run's artifacts again with "
+        "mqbench deploy --run" in usage_error(["verify", "--run", str(ptq_run)])
+    )
+    (ptq_run / "checksums.sha256").unlink()  # a run from before checksum lists: the verification finds it
     assert "write them with mqbench deploy --run" in usage_error(["verify", "--run", str(ptq_run)])
     results = json.loads((ptq_run / "results.json").read_text())
     (ptq_run / "results.json").write_text(json.dumps({**results, "status": "interrupted"}))

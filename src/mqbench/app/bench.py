@@ -35,8 +35,8 @@ import yaml
 
 from mqbench.app.check import deployed_runner
 from mqbench.app.config import QUANTIZE_TYPES, ConfigError, parse_config
+from mqbench.app.folder import OutputError, RunFolder
 from mqbench.app.ptq import run_ptq_with_handles
-from mqbench.app.runs import RunFolder
 
 __all__ = ["BENCH_DEFAULTS", "run_bench", "split_bench"]
 
@@ -81,13 +81,22 @@ def _latency_ms(handles: dict[str, Any], repeats: int) -> float:
     return 1e3 * statistics.median(times)
 
 
-def run_bench(config_path: str | Path, output: str | Path, quiet: bool = False) -> dict[str, Any]:
-    """Run every combination of the bench configuration ``config_path`` into ``output``; returns ``bench.json``."""
+def run_bench(
+    config_path: str | Path, output: str | Path, quiet: bool = False, overwrite: bool = False
+) -> dict[str, Any]:
+    """Run every combination of the bench configuration ``config_path`` into ``output``; returns ``bench.json``.
+
+    ``overwrite``: replace an earlier bench in ``output`` and its runs (refused otherwise)."""
     file = Path(config_path)
     if not file.is_file():
         raise ConfigError(f"{file}: no such configuration file")
     raw = yaml.safe_load(file.read_text())
     bench, rest = split_bench(raw, str(file))
+    if (Path(output) / "bench.json").is_file() and not overwrite:
+        raise OutputError(
+            f"{output} holds an earlier bench (bench.json); give --output another folder, or add --overwrite to "
+            "run it again there (each combination's run folder is replaced when its new run finishes)"
+        )
     folder = RunFolder(output)
     rows: list[dict[str, Any]] = []
     for model in bench["models"]:
@@ -100,7 +109,7 @@ def run_bench(config_path: str | Path, output: str | Path, quiet: bool = False) 
                 config = parse_config(combination, f"{file} ({model}, {backend}, {method})")
                 name = f"{model.replace(':', '_').replace('.', '_')}-{backend}-{method}"
                 started = time.perf_counter()
-                result, handles = run_ptq_with_handles(config, folder.path / name, quiet)
+                result, handles = run_ptq_with_handles(config, folder.path / name, quiet, overwrite)
                 latency = _latency_ms(handles, bench["latency_repeats"])
                 row = {
                     "model": model,

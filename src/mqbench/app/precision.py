@@ -109,13 +109,15 @@ def _mixed(run: Run, model: nn.Module) -> nn.Module:
     return qmodel
 
 
-def run_profile(config_path: str | Path | dict[str, Any], output: str | Path, quiet: bool = False) -> dict[str, Any]:
+def run_profile(
+    config_path: str | Path | dict[str, Any], output: str | Path, quiet: bool = False, overwrite: bool = False
+) -> dict[str, Any]:
     """``mqbench profile``: returns ``results.json``'s content."""
-    return execute("profile", config_path, output, _profile, quiet)
+    return execute("profile", config_path, output, _profile, quiet, overwrite=overwrite)
 
 
 def run_mixed_precision(
-    config_path: str | Path | dict[str, Any], output: str | Path, quiet: bool = False
+    config_path: str | Path | dict[str, Any], output: str | Path, quiet: bool = False, overwrite: bool = False
 ) -> dict[str, Any]:
     """``mqbench mixed-precision``: returns ``results.json``'s content."""
-    return execute("mixed-precision", config_path, output, _mixed, quiet)
+    return execute("mixed-precision", config_path, output, _mixed, quiet, overwrite=overwrite)

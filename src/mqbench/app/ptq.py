@@ -45,14 +45,18 @@ def quantize_ptq(run: Run, model: nn.Module) -> nn.Module:
     return qmodel
 
 
-def run_ptq(config_path: str | Path | dict[str, Any], output: str | Path, quiet: bool = False) -> dict[str, Any]:
-    """Run the PTQ configuration ``config_path`` into the folder ``output``; returns ``results.json``'s content."""
-    return execute("PTQ", config_path, output, quantize_ptq, quiet)
+def run_ptq(
+    config_path: str | Path | dict[str, Any], output: str | Path, quiet: bool = False, overwrite: bool = False
+) -> dict[str, Any]:
+    """Run the PTQ configuration ``config_path`` into the folder ``output``; returns ``results.json``'s content.
+
+    ``overwrite``: replace a finished run in ``output`` (refused otherwise)."""
+    return execute("PTQ", config_path, output, quantize_ptq, quiet, overwrite=overwrite)
 
 
 def run_ptq_with_handles(
-    config: dict[str, Any], output: str | Path, quiet: bool = False
+    config: dict[str, Any], output: str | Path, quiet: bool = False, overwrite: bool = False
 ) -> tuple[dict[str, Any], dict]:
     """:func:`run_ptq` of a checked configuration, also returning the deployment and a validation sample."""
     handles: dict[str, Any] = {}
-    return execute("PTQ", config, output, quantize_ptq, quiet, handles), handles
+    return execute("PTQ", config, output, quantize_ptq, quiet, handles, overwrite), handles

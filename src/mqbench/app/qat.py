@@ -171,6 +171,10 @@ def _quantize(run: Run, model: nn.Module) -> nn.Module:
     return qmodel
 
 
-def run_qat(config_path: str | Path | dict[str, Any], output: str | Path, quiet: bool = False) -> dict[str, Any]:
-    """Run the QAT configuration ``config_path`` into the folder ``output``; returns ``results.json``'s content."""
-    return execute("QAT", config_path, output, _quantize, quiet)
+def run_qat(
+    config_path: str | Path | dict[str, Any], output: str | Path, quiet: bool = False, overwrite: bool = False
+) -> dict[str, Any]:
+    """Run the QAT configuration ``config_path`` into the folder ``output``; returns ``results.json``'s content.
+
+    ``overwrite``: replace a finished run in ``output`` (refused otherwise)."""
+    return execute("QAT", config_path, output, _quantize, quiet, overwrite=overwrite)

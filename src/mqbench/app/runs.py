@@ -12,14 +12,14 @@ into ``prepare_by_platform(model, backend, extra_prepare_dict)``, after
 ``results.json``, ``report.md`` and ``report.html`` (see :mod:`mqbench.app.report`). Each file is
 written under a temporary name and renamed when complete, so an interrupted run leaves finished
 files and no half-written one; ``results.json``'s ``status`` says ``running``, ``finished``,
-``failed`` (with the error) or ``interrupted``.
+``failed`` (with the error) or ``interrupted``. A finished run's last file is ``checksums.sha256``.
+A folder holding a finished run is refused unless ``overwrite`` (see :mod:`mqbench.app.folder`: the
+earlier run comes back if the new one does not finish).
 """
 
 from __future__ import annotations
 
 import inspect
-import json
-import os
 import random
 import time
 from collections.abc import Callable
@@ -35,6 +35,7 @@ from tqdm.auto import tqdm
 from mqbench.app.check import DeployCheck, deployed_runner
 from mqbench.app.config import ConfigError, load_config
 from mqbench.app.distributed import Processes
+from mqbench.app.folder import OutputError, RunFolder, describe_os_error, previous_status
 from mqbench.app.report import layer_errors, lsb_histogram, render_html, render_markdown
 from mqbench.app.sources import Data, fit_channels, load_data, load_model
 from mqbench.backends import BackendSpec, resolve_backend
@@ -46,8 +47,10 @@ from mqbench.utils.host import describe_host, host_facts
 from mqbench.utils.logger import logger
 
 __all__ = [
+    "OutputError",
     "Run",
     "RunFolder",
+    "check_output",
     "deploy_folder_of",
     "deploy_model",
     "describe_results",
@@ -57,33 +60,6 @@ __all__ = [
     "prediction",
     "seed_everything",
 ]
-
-
-class RunFolder:
-    """A run's output folder: every file written whole (temporary name, then renamed)."""
-
-    def __init__(self, path: str | Path) -> None:
-        self.path = Path(path)
-        self.path.mkdir(parents=True, exist_ok=True)
-
-    def write_text(self, name: str, text: str) -> Path:
-        return self._replace(name, lambda tmp: tmp.write_text(text))
-
-    def write_json(self, name: str, payload: Any) -> Path:
-        return self.write_text(name, json.dumps(payload, indent=2, default=str) + "\n")
-
-    def save_torch(self, name: str, payload: Any) -> Path:
-        return self._replace(name, lambda tmp: torch.save(payload, tmp))
-
-    def _replace(self, name: str, write: Callable[[Path], Any]) -> Path:
-        final = self.path / name
-        tmp = final.with_name(f".{final.name}.partial")
-        try:
-            write(tmp)
-            os.replace(tmp, final)
-        finally:
-            tmp.unlink(missing_ok=True)
-        return final
 
 
 @dataclass
@@ -242,6 +218,18 @@ def _verify_summary(check: Any, samples: int) -> dict[str, Any]:
 Quantize = Callable[[Run, nn.Module], nn.Module]
 
 
+def check_output(output: str | Path, overwrite: bool) -> str | None:
+    """Refuse an output folder that holds a finished run unless ``overwrite``; the status of the run there."""
+    previous = previous_status(output)
+    if previous == "finished" and not overwrite:
+        raise OutputError(
+            f"{output} holds a finished run (its results.json says finished); give --output another folder, or "
+            "add --overwrite to replace that run (its files, deploy/ included, are removed when the new run "
+            "finishes, and kept if it does not)"
+        )
+    return previous
+
+
 def execute(
     command: str,
     config_path: str | Path | dict[str, Any],
@@ -249,30 +237,41 @@ def execute(
     quantize: Quantize,
     quiet: bool,
     handles: dict[str, Any] | None = None,
+    overwrite: bool = False,
 ) -> dict[str, Any]:
     """Run ``config_path`` with the quantization step ``quantize(run, float_model) -> quantized model``.
 
     ``config_path`` is a YAML file or an already checked configuration (:func:`parse_config`'s result).
     Returns ``results.json``'s content (on every rank; only rank 0 writes and deploys). ``handles``, when
     given, receives the ``DeployResult`` (``deploy_result``) and one validation sample as NumPy
-    (``sample``), for callers that go on measuring the deployed model.
+    (``sample``), for callers that go on measuring the deployed model. ``overwrite``: replace a finished
+    run in ``output`` (else an :class:`OutputError`). A file that cannot be written (a full disk, a
+    read-only folder) is an :class:`OutputError` naming it, and ``results.json`` says ``failed``.
     """
     config = config_path if isinstance(config_path, dict) else load_config(config_path)
     if isinstance(config_path, dict):
         config_path = "<configuration>"
+    previous = check_output(output, overwrite)  # on every rank, before any of them starts
     processes = Processes.from_env()
-    folder = RunFolder(output) if processes.main else None
+    folder: RunFolder | None = None
     results: dict[str, Any] = {"status": "running", "command": command, "config": str(config_path)}
     try:
+        if processes.main:
+            folder = RunFolder(output)
+            if previous is not None:
+                resume = config["training"]["resume"]
+                folder.set_aside_previous([Path(resume)] if resume else [], restore_on_failure=previous == "finished")
         return _execute(config, folder, processes, results, quantize, quiet, handles)
     except KeyboardInterrupt:
         if folder is not None:
-            folder.write_json("results.json", {**results, "status": "interrupted"})
+            folder.fail({**results, "status": "interrupted"})
         raise
     except Exception as error:
+        reason = describe_os_error(error) if isinstance(error, OSError) else str(error)
         if folder is not None:
-            failure = {**results, "status": "failed", "error": f"{type(error).__name__}: {error}"}
-            folder.write_json("results.json", failure)
+            folder.fail({**results, "status": "failed", "error": f"{type(error).__name__}: {reason}"})
+        if isinstance(error, OSError):
+            raise OutputError(reason) from error
         raise
     finally:
         processes.close()
@@ -372,6 +371,12 @@ def _execute(
     folder.write_text("report.md", render_markdown(results))
     folder.write_text("report.html", render_html(results))
     folder.write_json("results.json", results)
+    inputs = [
+        name for name in ("config.yaml", "mixed_precision.yaml", "quantized_state_dict.pt") if name in folder.written
+    ]
+    artifacts = [Path(path).resolve() for path in check.result.artifacts.values()]
+    folder.write_checksums([*inputs, *artifacts])  # last: the run is complete
+    folder.finish()
     return results
 
 
