@@ -44,6 +44,7 @@ __all__ = [
     "host_like",
     "host_verdict",
     "may_saturate",
+    "run_as_loaded",
     "run_ort",
     "same_values",
     "simulate",
@@ -401,3 +402,12 @@ def run_ort(
     finally:
         del outputs[kept:]
     return dict(zip(wanted, session.run(wanted, dict(feeds)), strict=True))
+
+
+def run_as_loaded(path: str, feeds: Mapping[str, np.ndarray], optimize: bool) -> dict[str, np.ndarray]:
+    """The network outputs of the file at ``path`` as a user's onnxruntime session computes them: the file
+    as written, no tensor exposed (exposing intermediate tensors can change what the runtime fuses)."""
+    session = ort_session(path, optimize=optimize)
+    names = [output.name for output in session.get_outputs()]
+    return dict(zip(names, session.run(names, dict(feeds)), strict=True))
+

@@ -39,6 +39,7 @@ from mqbench.deploy.comparison import (
     compare,
     host_like,
     host_verdict,
+    run_as_loaded,
     run_ort,
     same_values,
 )
@@ -210,6 +211,7 @@ def verify(result: Any, feeds: Mapping[str, np.ndarray], run: VerifyRun) -> Arti
     names = list(result.dequantized.values()) + list(result.output_names)
     args = (result.table, result.dequantized, run, result.output_names)
     written = run_ort(model, feeds, names, optimize=False)
+    written.update(run_as_loaded(result.artifacts["onnx"], feeds, optimize=False))  # the outputs: the file itself
     report = compare(ArtifactReport("onnx", "onnxruntime (as written)"), written, *args)
     if run.host:
         values = run_ort(model, feeds, names, optimize=True)
