@@ -99,6 +99,7 @@ class Builder:
         self.live: list[str] = []  # values the next ops may read
         self.outputs: list[str] = []
         self.tags: set[str] = set()
+        self.notes: dict[str, str] = {}  # values a family's ops share (e.g. an attention mask)
         self._count = 0
         torch.manual_seed(seed)
 

@@ -344,10 +344,53 @@ def chunk_split(b: Builder, cur: str) -> str | None:
 def view_roundtrip(b: Builder, cur: str) -> str | None:
     _, c, h, w = b.shape(cur)
     method = "view" if b.value(cur).is_contiguous() else "reshape"
-    flat = b.emit(f"{cur}.{method}(-1, {c}, {h * w})", method)
+    if b.chance(0.5):
+        flat = b.emit(f"{cur}.{method}({cur}.size(0), {cur}.shape[1], {cur}.shape[2] * {cur}.shape[3])", "shape_arith")
+    else:
+        flat = b.emit(f"{cur}.{method}(-1, {c}, {h * w})", method)
     if b.chance(0.5):
         flat = b.emit(f"{flat}.softmax(dim=-1)", "softmax")
     return b.emit(f"{flat}.reshape({flat}.shape[0], {c}, {h}, {w})", "reshape")
+
+
+def squeeze_excite(b: Builder, cur: str) -> str:
+    """A squeeze-and-excitation gate: global mean, 1x1 conv, ReLU, 1x1 conv, sigmoid, product with the input."""
+    _, c, _, _ = b.shape(cur)
+    hidden = max(1, c // 2)
+    pooled = b.emit(
+        f"{cur}.mean(dim=(2, 3), keepdim=True)" if b.chance(0.5) else f"F.adaptive_avg_pool2d({cur}, 1)",
+        "squeeze_excite",
+    )
+    down = b.module("conv", f"nn.Conv2d({c}, {hidden}, 1)")
+    up = b.module("conv", f"nn.Conv2d({hidden}, {c}, 1)")
+    gate = b.emit(f"torch.sigmoid(self.{up}(torch.relu(self.{down}({pooled}))))")
+    return b.emit(f"{cur} * {gate}", "mul")
+
+
+def functional_conv(b: Builder, cur: str) -> str:
+    """``F.conv2d`` with the module's own parameters (no nn.Conv2d)."""
+    _, c, _, _ = b.shape(cur)
+    cout = b.rng.randint(1, 8)
+    weight, bias = b.fresh("weight"), b.fresh("bias")
+    b.init(f"self.{weight} = nn.Parameter(torch.randn({cout}, {c}, 3, 3) * {1 / (3 * c**0.5):.3f})")
+    b.init(f"self.{bias} = nn.Parameter(torch.randn({cout}) * 0.1)")
+    return b.emit(f"F.conv2d({cur}, self.{weight}, self.{bias}, padding=1)", "functional_conv")
+
+
+def pad(b: Builder, cur: str) -> str:
+    mode = b.rng.choice(["constant", "reflect", "replicate"])
+    extra = "" if mode == "constant" else f", mode={mode!r}"
+    return b.emit(f"F.pad({cur}, (1, 0, 1, 1){extra})", "pad")
+
+
+def dropout_or_clamp(b: Builder, cur: str) -> str:
+    kind = b.rng.choice(["dropout", "clamp", "hardtanh"])
+    if kind == "dropout":
+        name = b.module("drop", "nn.Dropout(0.1)")
+        return b.emit(f"self.{name}({cur})", "dropout")
+    if kind == "clamp":
+        return b.emit(f"torch.clamp({cur}, -1.0, 1.0)", "clamp")
+    return b.emit(f"F.hardtanh({cur})", "hardtanh")
 
 
 WEIGHTED: list[Callable[[Builder, str], str | None]] = [
@@ -365,8 +408,23 @@ WEIGHTED: list[Callable[[Builder, str], str | None]] = [
     slicing,
     chunk_split,
     view_roundtrip,
+    squeeze_excite,
+    functional_conv,
+    pad,
+    dropout_or_clamp,
 ]
-UNWEIGHTED: list[Callable[..., str | None]] = [activation, pool, add, mul, cat, interpolate, slicing, view_roundtrip]
+UNWEIGHTED: list[Callable[..., str | None]] = [
+    activation,
+    pool,
+    add,
+    mul,
+    cat,
+    interpolate,
+    slicing,
+    view_roundtrip,
+    pad,
+    dropout_or_clamp,
+]
 
 
 # -- user patterns that break tools ----------------------------------------------------------------
@@ -459,4 +517,5 @@ TAGS = frozenset(
     | {"slice_channels", "slice_spatial", "slice_strided", "chunk", "split", "split_spatial"}
     | {"output_feeds_quantized", "inplace_on_read", "dead_code", "dead_shared_inplace_relu", "unused_input"}
     | {"nothing_to_quantize", "input_as_output", "multi_input", "multi_output", "sigmoid"}
+    | {"squeeze_excite", "functional_conv", "pad", "dropout", "clamp", "hardtanh", "shape_arith"}
 )

@@ -82,6 +82,8 @@ def attention(b: Builder, cur: str) -> str:
         )
     scores = b.emit(f"torch.matmul({projected['q']}, {projected['k']}.transpose(-2, -1))", "matmul")
     scaled = b.emit(f"{scores} / {head_dim**0.5:.4f}", "div_scalar")
+    if "mask" in b.notes:  # an additive mask from a 0/1 int64 input, as transformers write it
+        scaled = b.emit(f"{scaled} + {b.notes['mask']}", "attention_mask")
     weights = softmax(b, scaled)
     mixed = b.emit(f"torch.matmul({weights}, {projected['v']})", "matmul")
     merged = b.emit(f"{mixed}.transpose(1, 2).reshape({mixed}.shape[0], {length}, {d})", "reshape")
@@ -153,6 +155,20 @@ def token_ids(b: Builder, cur: str, length: int) -> str:
     return b.emit(f"{cur} + {embedded}", "add")
 
 
+def positions(b: Builder, cur: str) -> str:
+    """Position ids made in forward (``torch.arange`` of the sequence length), embedded and added."""
+    _, length, d = b.shape(cur)
+    ids = b.emit(f"torch.arange({cur}.shape[1], device={cur}.device)", "arange_positions", live=False)
+    name = b.module("pos", f"nn.Embedding({length}, {d})")
+    return b.emit(f"{cur} + self.{name}({ids})", "embedding")
+
+
+def attention_mask(b: Builder, length: int) -> None:
+    """A 0/1 int64 mask input, turned into an additive mask (0 or -10000) that attention adds to its scores."""
+    mask = b.add_input((BATCH, length), dtype="int64", high=2, live=False)
+    b.notes["mask"] = b.emit(f"(1.0 - {mask}[:, None, None, :].float()) * -10000.0", "int_arithmetic", live=False)
+
+
 def output_feeds_quantized(b: Builder, cur: str) -> str:
     v = b.emit(f"F.gelu({linear(b, cur)})", "f_gelu")
     b.outputs.append(v)
@@ -187,6 +203,10 @@ def build_sequence(b: Builder) -> None:
     nothing_to_quantize = b.chance(0.06)
     if not nothing_to_quantize and b.chance(0.4):
         cur = token_ids(b, cur, length)
+    if not nothing_to_quantize and b.chance(0.2):
+        cur = positions(b, cur)
+    if not nothing_to_quantize and b.chance(0.25):
+        attention_mask(b, length)
     if b.chance(0.1):
         b.add_input((BATCH, length, d), live=False)
         b.tags.add("unused_input")
@@ -224,5 +244,5 @@ TAGS = frozenset(
     | {"tanh", "softmax", "matmul", "mul_scalar", "view", "reshape", "div_scalar", "residual_add", "attention"}
     | {"mul_gate", "add", "slice_tokens", "int_arithmetic", "embedding", "output_feeds_quantized"}
     | {"inplace_on_read", "dead_code", "mean", "first_token", "unused_input", "nothing_to_quantize"}
-    | {"input_as_output", "multi_input", "multi_output"}
+    | {"input_as_output", "multi_input", "multi_output", "arange_positions", "attention_mask"}
 )
