@@ -56,9 +56,9 @@ from onnxruntime.capi.onnxruntime_pybind11_state import Fail, InvalidArgument, I
 from torch import Tensor, nn
 
 from _timing import print_table, time_interleaved, write_json
+from mqbench.app.check import reduce_range_config
 from mqbench.backends import resolve_backend
 from mqbench.convert_deploy import DeployResult, convert_deploy
-from mqbench.deploy.check import reduce_range_config
 from mqbench.deploy.onnx_graph import initializer_map, ort_session, producers_of, save_model
 from mqbench.deploy.reference import saturated_layers
 from mqbench.deploy.verify import VerifyReport, verify_deploy

@@ -199,8 +199,8 @@ def test_reduce_range_weights_deploy_within_7_bits_and_match_the_simulation(tmp_
 @pytest.mark.parametrize("backend", [backend.value for backend in BackendType])
 def test_reduce_range_config_applies_where_weights_are_8_bit_linear_and_prepares_everywhere(backend):
     """What `mqbench verify --reduce-range` and the demo apply: 7-bit weights where that is possible."""
-    from mqbench.backends import resolve_backend
     from mqbench.app.check import reduce_range_config
+    from mqbench.backends import resolve_backend
 
     spec = resolve_backend(backend)
     config = reduce_range_config(spec, config_for(backend))
