@@ -13,7 +13,7 @@ from onnx import helper, numpy_helper
 from mqbench.backends import resolve_backend
 from mqbench.convert_deploy import DeployContext, convert_merge_bn, convert_onnx
 from mqbench.deploy.qdq import insert_qdq
-from mqbench.deploy.qlinear import CONTRIB_DOMAIN, exposed_tensors, to_qlinear, write
+from mqbench.deploy.qlinear import CONTRIB_DOMAIN, exposed_tensors, float_ops, to_qlinear, write
 from mqbench.deploy.qlinear_qdq import qlinear_as_qdq
 from mqbench.deploy.reference import run_reference
 from mqbench.deploy.table import QParamTable, TensorQParams
@@ -476,3 +476,61 @@ def test_metadata_and_write(tmp_path):
         np.testing.assert_array_equal(read[tensor][2], zero)
     with pytest.raises(ValueError, match="metadata"):
         exposed_tensors(qdq, table)
+
+
+# -- graphs that read a tensor's shape ---------------------------------------------------------------
+
+
+def _shape_reader_model(kind: str) -> tuple[onnx.ModelProto, QParamTable]:
+    """``x -> Relu -> a``, then ``a`` reshaped to ``(n, -1)``, resized to 6x6 or cut in two along the channels
+    (``x.chunk(2, dim=1)``), by sizes read off ``Shape(a)``; the parts added."""
+    nodes = [helper.make_node("Relu", ["x"], ["a"]), helper.make_node("Shape", ["a"], ["s"])]
+    second = "r"
+    if kind == "reshape":
+        longs = {"zero": np.array(0), "axes": np.array([0]), "flat": np.array([-1])}
+        nodes += [
+            helper.make_node("Gather", ["s", "zero"], ["n"]),
+            helper.make_node("Unsqueeze", ["n", "axes"], ["n1"]),
+            helper.make_node("Concat", ["n1", "flat"], ["shape"], axis=0),
+            helper.make_node("Reshape", ["a", "shape"], ["r"]),
+        ]
+    elif kind == "resize":
+        longs = {"starts": np.array([0]), "ends": np.array([2]), "spatial": np.array([6, 6])}
+        nodes += [
+            helper.make_node("Slice", ["s", "starts", "ends"], ["batch_channels"]),
+            helper.make_node("Concat", ["batch_channels", "spatial"], ["sizes"], axis=0),
+            helper.make_node("Resize", ["a", "", "", "sizes"], ["r"], mode="nearest"),
+        ]
+    else:
+        longs = {"one": np.array([1]), "two": np.array([2]), "zero": np.array([0])}
+        nodes += [
+            helper.make_node("Gather", ["s", "one"], ["channels"]),
+            helper.make_node("Div", ["channels", "two"], ["half"]),
+            helper.make_node("Slice", ["a", "zero", "half", "one"], ["r"]),
+            helper.make_node("Slice", ["a", "half", "channels", "one"], ["r_1"]),
+        ]
+        second = "r_1"
+    nodes.append(helper.make_node("Add", ["r", second], ["y"]))
+    model = model_of(nodes, {"x": np.zeros((2, 4, 4, 4))}, ["y"], {})
+    model.graph.initializer.extend(numpy_helper.from_array(v.astype(np.int64), n) for n, v in longs.items())
+    grid = act(0.025, 0, 0, 255)
+    return model, QParamTable(
+        {"x": act(0.05, 128, 0, 255), "a": grid, "r": grid, second: grid, "y": act(0.05, 0, 0, 255)}
+    )
+
+
+@pytest.mark.parametrize("kind", ["reshape", "resize", "chunk"])
+def test_shape_of_a_quantized_tensor_is_read_off_its_integers(kind):
+    """Shape(DQ(a)) is Shape(a_q): no DequantizeLinear may read the int64 shape, and the file stays valid.
+
+    The data movement after it (Reshape, nearest Resize, the Slices of a chunk) runs on the integers too."""
+    model, table = _shape_reader_model(kind)
+    feeds = {"x": RNG.standard_normal((2, 4, 4, 4)).astype(np.float32)}
+    qlinear, worst, exact = integer_parity(model, table, feeds)
+    onnx.shape_inference.infer_shapes(qlinear, check_type=True, strict_mode=True)  # DequantizeLinear takes no int64
+    producers = {o: n for n in qlinear.graph.node for o in n.output}
+    shape_of = next(n for n in qlinear.graph.node if n.op_type == "Shape")
+    assert producers[shape_of.input[0]].op_type in ("QuantizeLinear", "Clip")  # the integers of a
+    assert not [n for n in qlinear.graph.node if n.op_type == "DequantizeLinear" and n.input[0] == shape_of.output[0]]
+    assert worst <= 1 and exact > 0.99
+    assert op_counts(qlinear)["QLinearAdd"] == 1 and float_ops(qlinear) == []

@@ -5,8 +5,10 @@ QuantizeLinear). Hardware instead multiplies 8-bit integers, accumulates in int3
 requantizes with a fixed-point multiplier and a shift. :func:`run_reference` walks the graph in
 order and runs the recognizable patterns that way:
 
-* DQ(x) and DQ(w) -> Conv / Gemm / MatMul: exact accumulation of ``(x_q - x_zp) * (w_q - w_zp)``
-  plus the bias quantized to the accumulator scale ``x_scale * w_scale`` (round half to even);
+* DQ(x) and DQ(w) -> Conv / ConvTranspose / Gemm / MatMul: exact accumulation of
+  ``(x_q - x_zp) * (w_q - w_zp)`` plus the bias quantized to the accumulator scale
+  ``x_scale * w_scale`` (round half to even); ConvTranspose with any groups, strides, dilations,
+  pads, output padding or output shape, its weight per tensor or per output column (axis 1);
 * DQ(a), DQ(b) -> Add / Sub: both rescaled to a common fixed point (20 fraction bits), added;
   Mul: the integer product;
 * AveragePool / GlobalAveragePool: the integer window sum, divided in the requantization;
@@ -17,8 +19,8 @@ order and runs the recognizable patterns that way:
 * QuantizeLinear of an integer value: ``clamp(((acc * m0 + 2**(n-1)) >> n) + zp, qmin, qmax)``
   with ``acc_scale / y_scale ~= m0 * 2**-n`` and a 31-bit ``m0`` (per channel where the scales are).
 
-Everything else is dequantized and run in float with ``onnx.reference`` (Conv with this module's
-own float64 im2col), and quantized again at the next QuantizeLinear.
+Everything else is dequantized and run in float with ``onnx.reference`` (Conv and ConvTranspose
+with this module's own float64 kernels), and quantized again at the next QuantizeLinear.
 
 Rounding: the requantization shift rounds half up (``+ 2**(n-1)`` then an arithmetic shift, i.e.
 towards +inf at exact ties), the single add-and-shift that fixed-point datapaths implement
@@ -29,7 +31,11 @@ scales are related by powers of two (then half up and the float graph's half to 
 Exactness: int8 x int8 convolutions and matrix products run as float64 matrix products of the
 zero-point-centred integers. Every product is below ``255 * 255 < 2**16`` in magnitude, so every
 partial sum is an exact integer while the reduction length stays below ``2**37`` terms (int64
-beyond that); the accumulators are then checked against the int32 range.
+beyond that). An accumulator beyond the int32 range has no int32 result that equals it (and
+devices that wrap differ from each other), so it saturates at the int32 bounds, as saturating
+multiply-accumulate units do, with an :class:`AccumulatorOverflowWarning` naming the node, its
+scales and the usual cause (a degenerate scale from a calibration that saw a zero range): what
+the node feeds then parts from the simulation, and a verification fails at that tensor.
 
 The integer kernels (fixed-point multiplier and requantization, exact convolution and matrix
 accumulation, bias quantization, the Add rescaling) are those of
@@ -60,6 +66,7 @@ Example:
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -74,6 +81,7 @@ from mqbench.nn.quantized.functional import (
     ROUNDINGS,
     add_rescale,
     conv_accumulate,
+    conv_transpose_accumulate,
     exact_matmul,
     quantize_bias,
     requantize,
@@ -84,7 +92,20 @@ from mqbench.nn.quantized.functional import (
 )
 from mqbench.nn.quantized.saturation import PairSaturation, conv_saturation_correction, pair_saturation_correction
 
-__all__ = ["ADD_FRACTION_BITS", "ROUNDINGS", "requantize", "requantize_multiplier", "run_reference", "saturated_layers"]
+__all__ = [
+    "ADD_FRACTION_BITS",
+    "ROUNDINGS",
+    "AccumulatorOverflowWarning",
+    "requantize",
+    "requantize_multiplier",
+    "run_reference",
+    "saturated_layers",
+]
+
+
+class AccumulatorOverflowWarning(UserWarning):
+    """An int32 accumulator of the integer reference left the int32 range (it saturates there)."""
+
 
 _SHAPE_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Slice", "Expand", "Tile"})
 
@@ -149,6 +170,7 @@ class _Context:
     record: tuple[PairSaturation, ...] = ()  # records where these kernels would change the accumulator
     saturated: dict[str, dict[str, float]] = field(default_factory=dict)  # runtime -> node -> changed fraction
     constants: frozenset[str] = frozenset()  # the tensors computed from the model's constants alone
+    overflows: dict[str, str] = field(default_factory=dict)  # node -> why its int32 accumulator saturated
 
     def saturate(
         self, node: onnx.NodeProto, acc: np.ndarray, x: _Quant, w: _Quant, correction: _Correction
@@ -279,6 +301,82 @@ def _float_conv(node: onnx.NodeProto, inputs: list[Any], attrs: dict[str, Any]) 
     return [out.astype(x.dtype)]
 
 
+def _transpose_geometry(
+    attrs: dict[str, Any], spatial: Sequence[int], kernel: Sequence[int]
+) -> tuple[list[int], list[tuple[int, int]], list[int], list[int]] | None:
+    """(strides, (begin, end) pads, dilations, output padding) of a ConvTranspose, as ONNX defines them.
+
+    ``output_shape`` (or ``auto_pad`` SAME_*, which asks for ``input * stride``) sets the pads:
+    ``total = stride * (input - 1) + output_padding + dilation * (kernel - 1) + 1 - output_shape``,
+    the odd one at the end for SAME_UPPER, at the beginning otherwise. ``None`` where the attributes do not fit.
+    """
+    dims = len(spatial)
+    strides = list(attrs.get("strides", [1] * dims))
+    dilations = list(attrs.get("dilations", [1] * dims))
+    extra = list(attrs.get("output_padding", [0] * dims))
+    pads = list(attrs.get("pads", [0] * (2 * dims)))
+    auto = attrs.get("auto_pad", b"NOTSET")
+    auto = auto.decode() if isinstance(auto, bytes) else auto
+    shape = list(attrs.get("output_shape", []))
+    if auto in ("SAME_UPPER", "SAME_LOWER") and not shape:
+        shape = [size * stride for size, stride in zip(spatial, strides, strict=False)]
+    if any(len(v) != dims for v in (kernel, strides, dilations, extra)) or len(pads) != 2 * dims:
+        return None
+    if shape:
+        if len(shape) != dims:
+            return None
+        for i in range(dims):
+            total = strides[i] * (spatial[i] - 1) + extra[i] + dilations[i] * (kernel[i] - 1) + 1 - shape[i]
+            small, large = total // 2, total - total // 2
+            pads[i], pads[i + dims] = (small, large) if auto == "SAME_UPPER" else (large, small)
+    elif auto == "VALID":
+        pads = [0] * (2 * dims)
+    if min(pads) < 0 or min(extra) < 0:
+        return None
+    return strides, [(pads[i], pads[i + dims]) for i in range(dims)], dilations, extra
+
+
+def _conv_transpose(
+    x: np.ndarray, w: np.ndarray, group: int, geometry: tuple[list[int], list[tuple[int, int]], list[int], list[int]]
+) -> np.ndarray | None:
+    """N-d transposed convolution without bias: exact int64 for integers, float64 for floats.
+
+    The unpadded result (every input sample spread over its window), ``output_padding`` zeros added
+    at the end, the pads cut off both ends; ``None`` where the channels do not fit ``group``.
+    """
+    strides, pads, dilations, extra = geometry
+    if x.shape[1] != w.shape[0] or w.shape[0] % group:
+        return None
+    full = conv_transpose_accumulate(x, w, strides, 0, 0, dilations, group)
+    full = np.pad(full, [(0, 0), (0, 0), *[(0, e) for e in extra]])
+    if any(begin + end >= size for (begin, end), size in zip(pads, full.shape[2:], strict=True)):
+        return None
+    return full[
+        (
+            slice(None),
+            slice(None),
+            *[slice(begin, size - end) for (begin, end), size in zip(pads, full.shape[2:], strict=True)],
+        )
+    ]
+
+
+def _float_conv_transpose(node: onnx.NodeProto, inputs: list[Any], attrs: dict[str, Any]) -> list[_Value] | None:
+    x, w = _array(inputs[0]), _array(inputs[1])
+    geometry = _transpose_geometry(attrs, x.shape[2:], w.shape[2:]) if x.ndim == w.ndim >= 3 else None
+    out = None if geometry is None else _conv_transpose(x, w, int(attrs.get("group", 1)), geometry)
+    if out is None:
+        return None
+    if len(inputs) > 2 and inputs[2] is not None:
+        out = out + _array(inputs[2]).astype(np.float64).reshape(1, -1, *[1] * (x.ndim - 2))
+    return [out.astype(x.dtype)]
+
+
+_FLOAT_KERNELS: dict[str, Callable[[onnx.NodeProto, list[Any], dict[str, Any]], list[_Value] | None]] = {
+    "Conv": _float_conv,
+    "ConvTranspose": _float_conv_transpose,
+}  # this module's own float kernels, where onnx.reference is slow (Conv) or wrong (grouped ConvTranspose)
+
+
 # -- integer kernels --------------------------------------------------------------------------
 def _accumulator(acc: np.ndarray, scale: np.ndarray, bias: _Value | None, bias_shape: tuple[int, ...]) -> _Quant:
     """The int32 accumulator plus the bias quantized to its scale (round half to even)."""
@@ -310,6 +408,27 @@ def _int_conv(node: onnx.NodeProto, inputs: list[Any], attrs: dict[str, Any], ct
     scale = np.broadcast_to(x.scale.reshape(()) * w.scale.reshape(-1), (out_c,))
     bias = inputs[2] if len(inputs) > 2 else None
     return [_accumulator(acc, scale, bias, (1, out_c, 1, 1))]
+
+
+def _int_conv_transpose(
+    node: onnx.NodeProto, inputs: list[Any], attrs: dict[str, Any], ctx: _Context
+) -> list[_Value] | None:
+    """ConvTranspose of integers: exact accumulation; weights per tensor or per output channel of a group (axis 1)."""
+    x, w = inputs[0], inputs[1]
+    if not (isinstance(x, _Quant) and isinstance(w, _Quant) and x.narrow and w.narrow):
+        return None
+    if x.q.ndim < 3 or w.q.ndim != x.q.ndim or not x.scalar_params() or not w.varies_only_on([1]):
+        return None
+    geometry = _transpose_geometry(attrs, x.q.shape[2:], w.q.shape[2:])
+    group = int(attrs.get("group", 1))
+    acc = None if geometry is None else _conv_transpose(x.centered(), w.centered(), group, geometry)
+    if acc is None:
+        return None
+    out_c = acc.shape[1]  # channel g * (out_c / group) + k has the weight scale of column k
+    per_column = np.tile(w.scale.reshape(-1), group) if w.scale.size > 1 else w.scale.reshape(-1)
+    scale = np.broadcast_to(x.scale.reshape(()) * per_column, (out_c,))
+    bias = inputs[2] if len(inputs) > 2 else None
+    return [_accumulator(acc, scale, bias, (1, out_c, *[1] * (acc.ndim - 2)))]
 
 
 def _int_gemm(node: onnx.NodeProto, inputs: list[Any], attrs: dict[str, Any], ctx: _Context) -> list[_Value] | None:
@@ -518,11 +637,40 @@ def _shape_op(node: onnx.NodeProto, inputs: list[Any], attrs: dict[str, Any], ct
 
 _HANDLERS: dict[str, _Handler] = {
     "QuantizeLinear": _quantize, "DequantizeLinear": _dequantize, "Conv": _int_conv, "Gemm": _int_gemm,
-    "MatMul": _int_matmul, "Concat": _concat, "Transpose": _transpose,
+    "MatMul": _int_matmul, "Concat": _concat, "Transpose": _transpose, "ConvTranspose": _int_conv_transpose,
     **dict.fromkeys(("Add", "Sub", "Mul"), _int_add), **dict.fromkeys(("Relu", "Clip", "Max", "Min"), _clamp),
     **dict.fromkeys(("MaxPool", "AveragePool", "GlobalAveragePool"), _int_pool),
     **dict.fromkeys(_SHAPE_OPS, _shape_op),
 }  # fmt: skip
+
+
+def _int32(node: onnx.NodeProto, inputs: list[Any], value: _Quant, ctx: _Context) -> _Quant:
+    """An int32 accumulator as the hardware holds it: saturated at the int32 range, with a warning naming why.
+
+    No int32 result equals an accumulator beyond the range (and wrapping differs between devices), so the
+    reference saturates, as saturating multiply-accumulate units do, and what the node feeds then parts
+    from the simulation: the verdict fails at that tensor, and the warning names the node and its scales.
+    """
+    low, high = int(value.q.min(initial=0)), int(value.q.max(initial=0))
+    if INT32_RANGE[0] <= low and high <= INT32_RANGE[1]:
+        return value
+    bits = max(abs(low) - 1, high).bit_length() + 1
+    operands = [
+        f"{float(np.min(v.scale)):.3g} ({name})"
+        for name, v in zip(node.input, inputs, strict=True)
+        if isinstance(v, _Quant) and not v.wide
+    ]
+    name = node.name or node.output[0]
+    message = (
+        f"node {name!r} ({node.op_type}): its int32 accumulator reaches {low}..{high}, a {bits}-bit value, on the "
+        f"scale {float(np.min(value.scale)):.3g} (the operands' scales: {', '.join(operands) or 'none'}); "
+        f"the integer reference saturates it at int32, so {node.output[0]!r} and what it feeds differ from the "
+        "simulation. A scale this small against the values (or the bias) usually comes from a calibration that "
+        "saw a zero range, e.g. all-zero data: calibrate on representative inputs."
+    )
+    ctx.overflows[name] = message
+    warnings.warn(message, AccumulatorOverflowWarning, stacklevel=4)
+    return replace(value, q=np.clip(value.q, *INT32_RANGE))
 
 
 def run_reference(
@@ -606,10 +754,13 @@ def _execute(
         results: list[_Value] | None = handler(node, args, attrs, ctx) if handler is not None else None
         if node.op_type == "Identity":
             results = [args[0]]
-        if results is None and node.op_type == "Conv":
-            results = _float_conv(node, args, attrs)
+        if results is None and node.op_type in _FLOAT_KERNELS:
+            results = _FLOAT_KERNELS[node.op_type](node, args, attrs)
         if results is None:
             results = list(_run_float(node, args, ctx.opsets))
+        for i, result in enumerate(results):
+            if isinstance(result, _Quant) and result.wide:
+                results[i] = _int32(node, args, result, ctx)
         for name, result in zip(node.output, results, strict=True):
             if name:
                 env[name] = result

@@ -7,9 +7,10 @@ or QLinearMatMul, and from the ``com.microsoft`` domain QLinearAdd, QLinearMul, 
 QLinearGlobalAveragePool, QLinearAveragePool, QLinearLeakyRelu and QLinearSigmoid.
 
 Operators that commute with quantization move to the integer side first: a DequantizeLinear
-sinks below Relu, MaxPool, Resize (nearest) and the shape operators (Flatten, Reshape,
-Transpose, Squeeze, Unsqueeze, Identity), and a QuantizeLinear rises above them and above Clip
-(quantization is monotone, so ``Q(relu(x)) == max(Q(x), zero_point)``). A Relu or Clip becomes
+sinks below Relu, MaxPool, Resize (nearest) and the data-movement operators (Flatten, Reshape,
+Transpose, Squeeze, Unsqueeze, Gather, Slice, Identity), and a QuantizeLinear rises above them and
+above Clip (quantization is monotone, so ``Q(relu(x)) == max(Q(x), zero_point)``); Shape and Size
+read the integers themselves (they have the same shape). A Relu or Clip becomes
 an integer Clip at the quantized bounds, or nothing when the bound is the lowest integer anyway,
 which fuses a Relu into the operator before it. A DequantizeLinear feeding a QuantizeLinear
 with the same parameters disappears. Everything else stays float between its DQ and Q, so the

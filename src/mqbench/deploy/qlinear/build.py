@@ -107,7 +107,7 @@ def float_ops(model: onnx.ModelProto) -> list[onnx.NodeProto]:
     return [
         node
         for node in model.graph.node
-        if node.op_type not in DATA_MOVEMENT | {"QuantizeLinear", "DequantizeLinear"}
+        if node.op_type not in DATA_MOVEMENT | {"Shape", "Size", "QuantizeLinear", "DequantizeLinear"}
         and any(name in dequantized for name in node.input)
     ]
 

@@ -21,7 +21,7 @@ from mqbench.deploy.qlinear.grid import Grid, attributes
 
 __all__ = ["COMMUTING_RULES", "DATA_MOVEMENT"]
 
-DATA_MOVEMENT = frozenset({"Identity", "Flatten", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Shape", "Gather"})
+DATA_MOVEMENT = frozenset({"Identity", "Flatten", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Gather", "Slice"})
 """Operators that move data without computing: run on the integers, never counted as left in float."""
 
 
@@ -74,7 +74,7 @@ COMMUTING_RULES: Mapping[str, CommutingRule] = MappingProxyType(
         "Clip": _clip,
         "MaxPool": _move,
         "Resize": _resize,
-        **dict.fromkeys(DATA_MOVEMENT, _move),
+        **dict.fromkeys(DATA_MOVEMENT, _move),  # (Shape reads no values: the driver points it at the integers)
     }
 )
 """Operator -> the rule writing it on the integers."""

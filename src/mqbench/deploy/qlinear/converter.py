@@ -48,6 +48,9 @@ per-tensor ``grid``) into ``target``. True when written, None when the operator 
 False (nothing written) when it does not commute with quantization. ``sinking``: a DequantizeLinear moves
 below ``node`` (its float output must equal the dequantized integer result exactly)."""
 
+# Read only their input's shape, which the integers have too: they read the integers, with no DequantizeLinear.
+_SHAPE_READERS = frozenset({"Shape", "Size"})
+
 
 class Converter:
     """A Q/DQ model being rewritten into integer operators (see :func:`~mqbench.deploy.qlinear.to_qlinear`)."""
@@ -254,6 +257,10 @@ class Converter:
         if grid is None:
             return False
         for reader in self.readers(node.output[0]):
+            if reader.op_type in _SHAPE_READERS and reader.input[0] == node.output[0]:
+                reader.input[0] = node.input[0]
+                self._maps = None
+                return True
             if reader.output[0] in self.outputs or list(reader.input).count(node.output[0]) != 1:
                 continue
             target = _unique(f"{reader.output[0]}_quantized", self.taken)
