@@ -210,13 +210,13 @@ def test_integer_add_pools_concat_gemm_and_float_fallback_match_onnxruntime(monk
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     feeds = {n: rng.normal(0, 1, (2, 2, 4, 4)).astype(np.float32) for n in ("a", "b")}
     float_ops: list[str] = []
-    run_float = reference._run_float
+    run_float = reference.run_float
 
     def counting(node, *args):
         float_ops.append(node.op_type)
         return run_float(node, *args)
 
-    monkeypatch.setattr(reference, "_run_float", counting)
+    monkeypatch.setattr(reference, "run_float", counting)
     max_lsb, exact, _ = _free_running(model, feeds)
     assert max_lsb <= ONE_LSB
     assert exact >= 0.99
