@@ -160,6 +160,14 @@ def convert_onnx(
         names = list(user_names)
     try:
         exported = export_marked(model, args, names, **extra_kwargs)
+    except torch.onnx.errors.OnnxExporterError as error:  # an op of the model ONNX export cannot write
+        message = str(error).splitlines()[0] if str(error) else type(error).__name__
+        message = message.split(" Please feel free")[0]
+        raise NotImplementedError(
+            f"the model cannot be written as ONNX for inputs of shapes {[list(a.shape) for a in args]}: {message} "
+            "Change that op of the model (or the input shape it is deployed for), or exclude it from quantization "
+            "and deploy the rest"
+        ) from None
     except RuntimeError as error:
         message = str(error).splitlines()[0] if str(error) else type(error).__name__
         raise RuntimeError(

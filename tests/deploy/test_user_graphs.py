@@ -158,7 +158,20 @@ class ConstantOperands(nn.Module):
         return torch.relu(y + bias.unsqueeze(0))
 
 
+class DilatedSame(nn.Module):
+    """``padding="same"`` with dilations (exported as auto_pad SAME, which onnxruntime refuses with dilations)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1 = nn.Conv2d(3, 4, 3, padding="same", dilation=2)
+        self.c2 = nn.Conv2d(4, 4, 2, padding="same", dilation=3)
+
+    def forward(self, x):
+        return self.c2(torch.relu(self.c1(x)))
+
+
 CASES = {
+    "dilated_same": (DilatedSame, 1),
     "constant_operands": (ConstantOperands, 1),
     "dead_branch": (DeadBranch, 1),
     "output_feeds_layer": (OutputFeedsLayer, 1),
@@ -341,3 +354,12 @@ def test_edited_parameter_files_fail_verification(tmp_path):
     failures = report.failures()
     assert {line.split(":")[0] for line in failures} == {"clip_ranges", "calib_cache"}, failures
     assert f"quantization of {first!r}" in failures[0] and f"quantization of {second!r}" in failures[1]
+
+
+def test_an_op_onnx_cannot_write_is_a_clear_error_naming_it(tmp_path):
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.AdaptiveAvgPool2d((4, 5)))
+    x = torch.randn(1, 3, 9, 11)
+    qmodel = calibrated(model, "tensorrt", (x,))
+    with pytest.raises(NotImplementedError, match=r"adaptive_avg_pool2d.*Change that op"):
+        convert_deploy(qmodel, "tensorrt", dummy_input=x, output_path=tmp_path / "out")
+    assert not (tmp_path / "out").exists()

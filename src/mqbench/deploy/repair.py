@@ -9,6 +9,8 @@ parameter file can take:
   block whose last BatchNorm starts at zero folds into) into one, read by ``Identity``
   nodes: each such weight becomes its own initializer again, under its own name, so that
   every quantized weight is a weight of the model;
+* ``auto_pad=SAME_*`` (``padding="same"``) becomes explicit ``pads`` where the input's size is
+  known: onnxruntime refuses SAME padding with dilations;
 * a forward input nothing reads is dropped by the exporter: it is added back, so that the
   deployed model takes the inputs the model takes.
 
@@ -52,6 +54,48 @@ def _positive_perms(model: onnx.ModelProto) -> None:
         for value in model.graph.output:
             value.type.tensor_type.ClearField("shape")
         model.CopyFrom(onnx.shape_inference.infer_shapes(model))
+
+
+def _explicit_pads(model: onnx.ModelProto) -> None:
+    """``auto_pad=SAME_*`` (``padding="same"``) as explicit ``pads``: onnxruntime refuses it with dilations."""
+    nodes = [
+        n
+        for n in model.graph.node
+        if n.op_type in ("Conv", "MaxPool", "AveragePool")
+        and any(a.name == "auto_pad" and a.s in (b"SAME_UPPER", b"SAME_LOWER") for a in n.attribute)
+    ]
+    if not nodes:
+        return
+    inferred = onnx.shape_inference.infer_shapes(model)
+    shapes = {
+        v.name: [d.dim_value if d.HasField("dim_value") else None for d in v.type.tensor_type.shape.dim]
+        for v in (*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output)
+    }
+    initializers = initializer_map(model.graph)
+    for node in nodes:
+        attributes = {a.name: a for a in node.attribute}
+        spatial = (shapes.get(node.input[0]) or [None, None])[2:]
+        if node.op_type == "Conv":
+            kernel = list(attributes["kernel_shape"].ints) if "kernel_shape" in attributes else None
+            if kernel is None and node.input[1] in initializers:
+                kernel = list(initializers[node.input[1]].dims[2:])
+        else:
+            kernel = list(attributes["kernel_shape"].ints)
+        if not spatial or None in spatial or kernel is None:
+            continue  # a dynamic size: the runtime's own SAME padding stays
+        rank = len(spatial)
+        strides = list(attributes["strides"].ints) if "strides" in attributes else [1] * rank
+        dilations = list(attributes["dilations"].ints) if "dilations" in attributes else [1] * rank
+        upper = attributes["auto_pad"].s == b"SAME_UPPER"
+        begin, end = [], []
+        for size, k, stride, dilation in zip(spatial, kernel, strides, dilations, strict=True):
+            total = max((-(-size // stride) - 1) * stride + (k - 1) * dilation + 1 - size, 0)
+            small, large = total // 2, total - total // 2
+            begin.append(small if upper else large)
+            end.append(large if upper else small)
+        kept = [a for a in node.attribute if a.name not in ("auto_pad", "pads")]
+        del node.attribute[:]
+        node.attribute.extend([*kept, helper.make_attribute("pads", begin + end)])
 
 
 def _distinct_initializers(graph: onnx.GraphProto) -> None:
@@ -106,5 +150,6 @@ def _unused_inputs(graph: onnx.GraphProto, inputs: Sequence[tuple[str, Tensor]])
 def repair_export(model: onnx.ModelProto, inputs: Sequence[tuple[str, Tensor]]) -> None:
     """Repair ``model`` in place; ``inputs`` are the (name, example tensor) pairs it was exported with."""
     _positive_perms(model)
+    _explicit_pads(model)
     _distinct_initializers(model.graph)
     _unused_inputs(model.graph, inputs)
