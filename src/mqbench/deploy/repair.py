@@ -81,14 +81,15 @@ def _explicit_pads(model: onnx.ModelProto) -> None:
                 kernel = list(initializers[node.input[1]].dims[2:])
         else:
             kernel = list(attributes["kernel_shape"].ints)
-        if not spatial or None in spatial or kernel is None:
+        sizes = [d for d in spatial if d is not None]
+        if not sizes or len(sizes) != len(spatial) or kernel is None:
             continue  # a dynamic size: the runtime's own SAME padding stays
-        rank = len(spatial)
+        rank = len(sizes)
         strides = list(attributes["strides"].ints) if "strides" in attributes else [1] * rank
         dilations = list(attributes["dilations"].ints) if "dilations" in attributes else [1] * rank
         upper = attributes["auto_pad"].s == b"SAME_UPPER"
         begin, end = [], []
-        for size, k, stride, dilation in zip(spatial, kernel, strides, dilations, strict=True):
+        for size, k, stride, dilation in zip(sizes, kernel, strides, dilations, strict=True):
             total = max((-(-size // stride) - 1) * stride + (k - 1) * dilation + 1 - size, 0)
             small, large = total // 2, total - total // 2
             begin.append(small if upper else large)
