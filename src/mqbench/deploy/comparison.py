@@ -410,4 +410,3 @@ def run_as_loaded(path: str, feeds: Mapping[str, np.ndarray], optimize: bool) ->
     session = ort_session(path, optimize=optimize)
     names = [output.name for output in session.get_outputs()]
     return dict(zip(names, session.run(names, dict(feeds)), strict=True))
-
