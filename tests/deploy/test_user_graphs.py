@@ -363,3 +363,13 @@ def test_an_op_onnx_cannot_write_is_a_clear_error_naming_it(tmp_path):
     with pytest.raises(NotImplementedError, match=r"adaptive_avg_pool2d.*Change that op"):
         convert_deploy(qmodel, "tensorrt", dummy_input=x, output_path=tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+def test_zero_calibration_data_is_named_at_deploy(tmp_path):
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Conv2d(4, 4, 3)).eval()
+    qmodel = prepare_by_platform(model, "vitis")
+    enable_calibration(qmodel)
+    qmodel(torch.zeros(SHAPE))
+    enable_quantization(qmodel)
+    with pytest.warns(UserWarning, match=r"calibrated on a constant: input_1_post_act_fake_quantizer \(scale"):
+        convert_deploy(qmodel, "vitis", {"x": SHAPE}, output_path=tmp_path)

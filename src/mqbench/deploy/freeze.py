@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import typing
+import warnings
 from collections.abc import Callable
 
 import torch
@@ -25,6 +26,8 @@ from mqbench.qparams import TensorQParams
 from mqbench.utils.state import UncalibratedError, quantizers
 
 __all__ = ["FrozenQuantizer", "UncalibratedError", "freeze_quantizers", "merge_bn", "uncalibrated_quantizers"]
+
+_EPS_FLOOR = float(torch.finfo(torch.float32).eps) * 1.01  # a scale at this floor: the range had no width
 
 Tap = Callable[["FrozenQuantizer", Tensor, Tensor], None]
 
@@ -136,6 +139,7 @@ def freeze_quantizers(model: nn.Module) -> nn.Module:
             "under mqbench.utils.state.enable_calibration(model) (or load a calibrated state dict) before deploying."
         )
     owners = {f"{name}.weight_fake_quant": module for name, module in model.named_modules()}
+    degenerate: list[str] = []
     for name, found in list(quantizers(model)):
         quantizer = typing.cast(QuantizeBase, found)
         if not quantizer._switch("fake_quant"):
@@ -149,6 +153,8 @@ def freeze_quantizers(model: nn.Module) -> nn.Module:
                 "input, which no deployment format can hold; use it for weights only"
             )
         frozen = _freeze(name, quantizer, kind)
+        if kind == "activation" and frozen.grid == "linear":
+            degenerate.extend(_degenerate(name, frozen))
         if owner is not None:
             with torch.no_grad():
                 weight = quantizer.deploy_weight(owner.weight.detach())
@@ -158,6 +164,21 @@ def freeze_quantizers(model: nn.Module) -> nn.Module:
                     weight = frozen(weight)
                 owner.weight.copy_(weight)
         set_submodule(model, name, frozen)
+    if degenerate:
+        warnings.warn(
+            f"{len(degenerate)} activation quantizer(s) were calibrated on a constant: {', '.join(degenerate[:5])}. "
+            "Their scale is at the floor a zero-width range is clamped to: other values saturate, and integer "
+            "hardware overflows its int32 accumulator adding a bias at that scale; calibrate on representative "
+            "data (not zeros)",
+            stacklevel=3,
+        )
     if isinstance(model, fx.GraphModule):
         model.recompile()
     return model
+
+
+def _degenerate(name: str, frozen: FrozenQuantizer) -> list[str]:
+    """``name (scale s)`` where the scale sits at float32's epsilon or below: the floor a range of zero
+    width (a constant, zero calibration data) is clamped to."""
+    scale = float(frozen.scale.max())
+    return [f"{name} (scale {scale:.3g})"] if scale <= _EPS_FLOOR else []
