@@ -20,6 +20,7 @@ import json
 import queue
 import re
 import select
+import statistics
 import subprocess
 import sys
 import threading
@@ -50,10 +51,15 @@ def worker() -> None:
     torch.set_num_threads(1)  # two workers share the cores
     for line in sys.stdin:
         seed_text, family, backend = line.split()
-        graph = generate(int(seed_text), family)
-        case = run_case(graph, backend).to_dict()
-        case["lines"] = graph.source.count("\n")
-        case["tags"] = sorted(graph.tags)
+        try:
+            graph = generate(int(seed_text), family)
+        except Exception as error:  # a fault of the grammar, not of mqbench: reported as its own stage
+            case = {**_crash((int(seed_text), family, backend), f"the grammar failed: {error}"), "stage": "generate"}
+            case["error_type"] = type(error).__name__
+        else:
+            case = run_case(graph, backend).to_dict()
+            case["lines"] = graph.source.count("\n")
+            case["tags"] = sorted(graph.tags)
         print(RESULT_PREFIX + json.dumps(case), flush=True)
 
 
@@ -152,8 +158,10 @@ def normalize(message: str) -> str:
     while re.search(r"\([^()]*\)", text):  # the particulars in parentheses (op lists, shapes, tensors)
         text = re.sub(r"\([^()]*\)", "<...>", text)
     text = re.sub(r"(?<!\w)'[^']*'|\"[^\"]*\"", "'_'", text)
+    names = r"t|x|ids|conv|deconv|fc|bn|act|q|k|v|o|ln|gate|emb|pos|pool|gap|up|shared|scale|weight|bias|drop"
+    text = re.sub(rf"\b({names})\d+\b", "<name>", text)  # the grammar's layer and value names
+    text = re.sub(r"\b([a-z]+)_\d+\b", r"\1", text)  # fx node names: add_3 -> add
     text = re.sub(r"\b\d+(\.\d+)?(e[-+]?\d+)?%?", "N", text)
-    text = re.sub(r"\b(t|x|ids|conv|deconv|fc|bn|act|q|k|v|o|ln|gate|emb|pool|gap|up|shared|scale)N\b", "<name>", text)
     return text[:240]
 
 
@@ -256,6 +264,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     results.sort(key=lambda c: (c["seed"], args.backend_list.index(c["backend"])))
     print(f"{len(results)} of {len(planned)} cases in {elapsed:.0f} s ({args.workers} workers)\n")
     print_table(["backend", "cases", *STATUSES], backend_rows(results, args.backend_list))
+    checked = [c["check_relative"] for c in results if c.get("check_relative") is not None]
+    if checked:
+        print(
+            f"\nindependent check: the largest output difference of a passing case is {max(checked):.2%} of its "
+            f"range (median {statistics.median(checked):.2g}; a case is silent beyond 5%)"
+        )
     groups = failure_groups(results)
     print(f"\n{len(groups)} failure group(s) (reproduce: benchmarks/fuzz.py --graphs 1 --seed S --backends B)")
     for group in groups:
@@ -274,6 +288,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             "planned": len(planned),
             "completed": len(results),
             "seconds": elapsed,
+            "check_relative_max": max(checked, default=None),
             "groups": groups,
             "cases": results,
         },

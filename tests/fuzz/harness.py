@@ -50,7 +50,6 @@ from mqbench.utils.state import disable_all, enable_calibration, enable_quantiza
 __all__ = [
     "FLOAT_RELATIVE",
     "MAX_RELATIVE",
-    "MEAN_RELATIVE",
     "STATUSES",
     "ArtifactMismatchError",
     "CaseResult",
@@ -65,16 +64,16 @@ CLEAR_ERRORS = (ValueError, TypeError, NotImplementedError)
 MQBENCH_ROOT = str(Path(mqbench.__file__).resolve().parent)
 MODEL_ARTIFACTS = ("onnx", "qlinear_onnx", "openvino_onnx")
 
-# The independent check's tolerance, as fractions of an output's range (max - min of the simulation's
-# values; max |value| where that range is 0). The artifact and the simulation compute one quantized
-# function, so they may part only where a value lands on a rounding tie that float arithmetic in
-# another order decides the other way: one step of one quantizer, which reaches an output scaled by
-# the layers after it (a weight times a step; an 8-bit grid's step is 1/255 of its range). A handful
-# of such flips moves an output by well under 1% of its range and leaves the mean difference near
-# zero. A wrong deployment (a tensor clipped to another quantizer's range, a missing or extra
-# quantizer, a wrong scale) is off by many steps on many elements: a large part of the range.
-MAX_RELATIVE = 0.05  # any element off by more than 5% of the range (about 13 steps of an 8-bit grid)
-MEAN_RELATIVE = 0.005  # or the mean difference over 0.5% of the range (more than a step on average)
+# The independent check's tolerance, as a fraction of an output's range: the span from min(0, min) to
+# max(0, max) of the simulation's values, what an 8-bit quantizer of that output would cover. The
+# artifact and the simulation compute one quantized function, so they may part only where a value
+# lands on a rounding tie that float arithmetic in another order decides the other way: one step of
+# one quantizer, which reaches an output scaled by the layers after it. Measured over the fuzz
+# graphs, such flips move an output by at most about 1.5% of its range (a single flip in front of a
+# small final Linear, seen on OpenVINO; benchmarks/fuzz.py reports the largest passing difference as
+# check_relative). A wrong deployment (a tensor clipped to another quantizer's range, a missing or
+# extra quantizer, a wrong scale) is off by many steps: tens of percent of the range.
+MAX_RELATIVE = 0.05  # an element off by more than 5% of the range (about 13 steps of an 8-bit grid)
 # The prepared model with every quantizer off is the float model, up to BatchNorm folded into weights.
 FLOAT_RELATIVE = 1e-3
 
@@ -92,6 +91,7 @@ class CaseResult:
     message: str = ""
     location: str = ""  # file:line of the innermost frame of an exception
     seconds: float = 0.0
+    check_relative: float | None = None  # the check's largest output difference / range (where it ran)
     warnings: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
@@ -165,11 +165,11 @@ class ArtifactMismatchError(Exception):
     """A model artifact that does not compute what the simulation computes (or takes other inputs)."""
 
 
-def _compare(
-    label: str, expected: Sequence[np.ndarray], got: Sequence[np.ndarray], relative: float, mean_relative: float
-) -> None:
+def _compare(label: str, expected: Sequence[np.ndarray], got: Sequence[np.ndarray], relative: float) -> float:
+    """The largest difference over the outputs, as a fraction of each output's range; raises beyond ``relative``."""
     if len(got) != len(expected):
         raise ArtifactMismatchError(f"{label}: {len(got)} output(s), the simulation has {len(expected)}")
+    largest = 0.0
     for index, (want, have) in enumerate(zip(expected, got, strict=True)):
         if have.size != want.size:
             raise ArtifactMismatchError(
@@ -179,27 +179,33 @@ def _compare(
         have64 = have.astype(np.float64).reshape(-1)
         if not want64.size:
             continue
-        span = float(want64.max() - want64.min()) or float(np.abs(want64).max()) or 1.0
+        span = float(max(want64.max(), 0.0) - min(want64.min(), 0.0)) or 1.0  # an 8-bit grid's range holds 0
         delta = np.abs(have64 - want64)
-        worst, mean = float(delta.max()) / span, float(delta.mean()) / span
-        if worst > relative or mean > mean_relative:
+        worst = float(delta.max()) / span
+        if not worst <= relative:  # NaN included
             raise ArtifactMismatchError(
                 f"{label} output {index}: off by up to {worst:.1%} of its range ({float(delta.max()):.4g} of "
                 f"{span:.4g}), {float(np.mean(delta > relative * span)):.0%} of elements beyond {relative:.1%}"
             )
+        largest = max(largest, worst)
+    return largest
 
 
-def check_artifacts(qmodel: nn.Module, result: Any, inputs: Sequence[Tensor]) -> None:
+def check_artifacts(qmodel: nn.Module, result: Any, inputs: Sequence[Tensor]) -> float:
     """Load each model artifact as a user would, run it on ``inputs`` and compare every output with
-    ``qmodel(*inputs)``; raises an exception naming the artifact and output that is wrong."""
+    ``qmodel(*inputs)``: the largest difference as a fraction of the output's range (see
+    ``MAX_RELATIVE``); raises ArtifactMismatchError naming the artifact and output that is wrong."""
     # Copies: a model with an inplace op on its input changes the tensor it is given.
     feeds = {name: t.detach().cpu().numpy().copy() for name, t in zip(result.input_names, inputs, strict=True)}
     with torch.no_grad():
         expected = [t.detach().cpu().numpy() for t in _as_list(qmodel(*[t.clone() for t in inputs]))]
     runners = {"onnx": _run_onnxruntime, "qlinear_onnx": _run_onnxruntime, "openvino_onnx": _run_openvino}
+    largest = 0.0
     for key in MODEL_ARTIFACTS:
         if key in result.artifacts:
-            _compare(key, expected, runners[key](result.artifacts[key], feeds), MAX_RELATIVE, MEAN_RELATIVE)
+            got = runners[key](result.artifacts[key], feeds)
+            largest = max(largest, _compare(key, expected, got, MAX_RELATIVE))
+    return largest
 
 
 def _check_float(graph: FuzzGraph, qmodel: nn.Module, inputs: Sequence[Tensor]) -> None:
@@ -212,7 +218,7 @@ def _check_float(graph: FuzzGraph, qmodel: nn.Module, inputs: Sequence[Tensor]) 
             got = [t.numpy() for t in _as_list(qmodel(*[t.clone() for t in inputs]))]
     finally:
         enable_quantization(qmodel)
-    _compare("prepared model with quantization off", expected, got, FLOAT_RELATIVE, FLOAT_RELATIVE)
+    _compare("prepared model with quantization off", expected, got, FLOAT_RELATIVE)
 
 
 def prepare_config(backend: str) -> dict | None:
@@ -255,7 +261,7 @@ def _run_case(graph: FuzzGraph, backend: str, verify_scale: float, folder: str |
                 case.status, case.message = "verify_failed", "; ".join(report.failures())
             else:
                 stage = "check"
-                check_artifacts(qmodel, result, graph.verify_inputs(verify_scale))
+                case.check_relative = check_artifacts(qmodel, result, graph.verify_inputs(verify_scale))
                 stage = "float"
                 _check_float(graph, qmodel, graph.verify_inputs(verify_scale))
         except ArtifactMismatchError as mismatch:

@@ -379,6 +379,8 @@ def functional_conv(b: Builder, cur: str) -> str:
 
 def pad(b: Builder, cur: str) -> str:
     mode = b.rng.choice(["constant", "reflect", "replicate"])
+    if mode == "reflect" and min(b.shape(cur)[2:]) < 2:  # reflection needs more than the padded border
+        mode = "constant"
     extra = "" if mode == "constant" else f", mode={mode!r}"
     return b.emit(f"F.pad({cur}, (1, 0, 1, 1){extra})", "pad")
 

@@ -82,7 +82,7 @@ def attention(b: Builder, cur: str) -> str:
         )
     scores = b.emit(f"torch.matmul({projected['q']}, {projected['k']}.transpose(-2, -1))", "matmul")
     scaled = b.emit(f"{scores} / {head_dim**0.5:.4f}", "div_scalar")
-    if "mask" in b.notes:  # an additive mask from a 0/1 int64 input, as transformers write it
+    if "mask" in b.notes and b.shape(b.notes["mask"])[-1] == length:  # an additive mask, as transformers write it
         scaled = b.emit(f"{scaled} + {b.notes['mask']}", "attention_mask")
     weights = softmax(b, scaled)
     mixed = b.emit(f"torch.matmul({weights}, {projected['v']})", "matmul")

@@ -44,12 +44,12 @@ def test_generation_leaves_the_global_random_state_alone():
 def test_describe_is_the_code_that_runs():
     graph = generate(12)
     namespace: dict[str, object] = {}
-    exec(graph.describe(), namespace)  # the printed script builds the model itself
+    with torch.random.fork_rng():
+        exec(graph.describe(), namespace)  # the printed script builds the model itself
     printed = namespace["model"]
-    inputs = graph.verify_inputs()
     with torch.no_grad():
-        expected = graph.build()(*inputs)
-        got = printed(*inputs)  # type: ignore[operator]
+        expected = graph.build()(*graph.verify_inputs())
+        got = printed(*graph.verify_inputs())  # type: ignore[operator]
     expected = expected if isinstance(expected, tuple) else (expected,)
     got = got if isinstance(got, tuple) else (got,)
     for a, b in zip(expected, got, strict=True):
@@ -160,6 +160,13 @@ def test_errors_are_clear_only_when_mqbench_raises_a_value_or_type_error():
     with pytest.raises(ValueError) as foreign:
         np.zeros(3).reshape(2, 2)
     assert classify_error(foreign.value)[0] == "crash"  # raised outside mqbench
+
+
+def test_a_model_that_fails_in_torch_is_a_crash_at_its_stage():
+    source = PLAIN.replace("return self.c2(v)", "return self.c2(v).view(3, -1, 7)")  # 2*4*8*8 is no multiple of 21
+    case = run_case(FuzzGraph(1000, "image", source, IMAGE_INPUT), "qdq")
+    assert (case.status, case.stage, case.error_type) == ("crash", "calibrate", "RuntimeError"), case
+    assert "torch" in case.location
 
 
 # -- the suite: fixed seeds through every backend ------------------------------------------------------
