@@ -297,3 +297,78 @@ def test_preserve_attr_copies_attributes_and_rebinds_methods():
 def test_preserve_attr_unknown_attribute():
     with pytest.raises(ValueError, match="no_such_thing"):
         prepare_by_platform(WithExtras().eval(), "tensorrt", {"preserve_attr": {"": ["no_such_thing"]}})
+
+
+class _WritesIntoItsInputs(nn.Module):
+    """A detector-style model: reads its input dict and writes its result into it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3)
+
+    def forward(self, inputs):
+        inputs.update({"y": self.conv(inputs["x"])})
+        return inputs
+
+
+class _ReadsTwoKeys(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+
+    def forward(self, batch):
+        return {"masked": torch.relu(self.conv(batch["image"])) * batch.get("mask")}
+
+
+def test_a_model_that_writes_into_its_input_dict_prepares_calibrates_deploys_and_verifies(tmp_path):
+    from mqbench.advanced_ptq import calibrate
+    from mqbench.convert_deploy import convert_deploy
+    from mqbench.deploy.verify import verify_deploy
+    from mqbench.utils.state import disable_all, enable_quantization
+
+    torch.manual_seed(0)
+    model = _WritesIntoItsInputs().eval()
+    qmodel = prepare_by_platform(model, "tensorrt")
+    images = torch.randn(8, 3, 8, 8, generator=torch.Generator().manual_seed(1))
+    calibrate(qmodel, [{"x": images[:4]}, ({"x": images[4:]},)])  # keyword tensors, or the dict itself
+    inputs = {"x": images}
+    assert qmodel(inputs) is inputs and set(inputs) == {"x", "y"}  # the model's own behaviour, kept
+    disable_all(qmodel)
+    torch.testing.assert_close(qmodel({"x": images})["y"], model.conv(images), rtol=0, atol=0)
+    enable_quantization(qmodel)
+
+    result = convert_deploy(
+        qmodel, "tensorrt", {"x": [1, 3, 8, 8]}, output_path=tmp_path, model_name="det", dynamic_axes={"x": {0: "b"}}
+    )
+    report = verify_deploy(qmodel, result, {"x": images})
+    assert report.passed, report.failures()
+    assert report.artifacts["onnx"].max_lsb_diff <= 1
+
+
+def test_a_dict_input_of_two_keys_deploys_with_one_input_per_key(tmp_path):
+    from mqbench.advanced_ptq import calibrate
+    from mqbench.convert_deploy import convert_deploy
+    from mqbench.deploy.verify import verify_deploy
+
+    torch.manual_seed(0)
+    qmodel = prepare_by_platform(_ReadsTwoKeys().eval(), "tensorrt")
+    assert list(inspect.signature(qmodel.forward).parameters) == ["image", "mask"]
+    image = torch.randn(4, 3, 8, 8, generator=torch.Generator().manual_seed(2))
+    mask = (torch.rand(4, 4, 8, 8, generator=torch.Generator().manual_seed(3)) > 0.5).float()
+    calibrate(qmodel, [{"image": image, "mask": mask}])
+    torch.testing.assert_close(qmodel({"image": image, "mask": mask})["masked"], qmodel(image, mask)["masked"])
+    shapes = {"image": [4, 3, 8, 8], "mask": [4, 4, 8, 8]}
+    result = convert_deploy(qmodel, "tensorrt", shapes, output_path=tmp_path, model_name="two")
+    assert result.input_names == ["image", "mask"]
+    report = verify_deploy(qmodel, result, {"image": image, "mask": mask})
+    assert report.passed, report.failures()
+
+
+def test_arguments_indexed_otherwise_are_left_as_they_are():
+    class Indexed(nn.Module):
+        def forward(self, pair):
+            return pair[0] + pair[1]
+
+    traced = trace(Indexed())
+    assert [n.target for n in traced.graph.nodes if n.op == "placeholder"] == ["pair"]
+    assert torch.equal(traced((torch.ones(2), torch.ones(2))), torch.full((2,), 2.0))

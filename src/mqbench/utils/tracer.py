@@ -10,16 +10,18 @@ Example:
 
 from __future__ import annotations
 
+import keyword
+import operator
 import os
 import traceback
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import fx, nn
 
-__all__ = ["QuantizationTracer", "TracingError", "check_model", "trace", "unwrap_model"]
+__all__ = ["QuantizationTracer", "TracingError", "check_model", "dict_input", "trace", "unwrap_model"]
 
 
 class TracingError(RuntimeError):
@@ -127,4 +129,71 @@ def trace(
             "(e.g. {'return_loss': False})."
         ) from error
     name = type(model).__name__
+    _flatten_dict_inputs(graph, set(concrete_args or {}))
     return fx.GraphModule(tracer.root, graph, name)
+
+
+def dict_input(keys: tuple[str, ...], *values: Any) -> Any:
+    """The input dict of a model whose forward takes one: given whole (the model's own call, ``model(inputs)``)
+    or as one argument per key (``model(x)``, ``model(x=...)``: what export and calibration pass)."""
+    first = values[0] if values else None
+    if isinstance(first, Mapping) and all(value is None for value in values[1:]):
+        return first
+    return {key: value for key, value in zip(keys, values, strict=True) if value is not None}
+
+
+def _dict_keys(placeholder: fx.Node) -> list[str] | None:
+    """The keys a forward reads from a dict argument before writing them (constant string keys), or None when
+    the argument is used otherwise (indexed by a non-string, passed on whole, iterated)."""
+    read: list[str] = []
+    written: set[str] = set()
+    for user in [node for node in placeholder.graph.nodes if node in placeholder.users]:  # in graph order
+        if user.op == "output":
+            continue
+        reads = (user.op == "call_function" and user.target is operator.getitem) or (
+            user.op == "call_method" and user.target == "get"
+        )
+        if reads and user.args[0] is placeholder and len(user.args) > 1:
+            key = user.args[1]
+        elif user.op == "call_method" and user.target == "update" and user.args[0] is placeholder:
+            update = user.args[1] if len(user.args) == 2 and not user.kwargs else None
+            if not isinstance(update, Mapping) or not all(isinstance(k, str) for k in update):
+                return None
+            written.update(update)
+            continue
+        else:
+            return None
+        if not isinstance(key, str):
+            return None
+        if key not in written and key not in read:
+            read.append(key)
+    return read or None
+
+
+def _usable_name(key: str, taken: set[str]) -> bool:
+    return key.isidentifier() and not keyword.iskeyword(key) and key not in taken and key != "self"
+
+
+def _flatten_dict_inputs(graph: fx.Graph, fixed: set[str]) -> None:
+    """A forward argument used as a dict of tensors (``inputs["x"]``, ``inputs.update(...)``, returned) becomes
+    one argument per key it reads, so the model can be exported and called with tensors; the model still
+    takes its dict whole as the first of them (:func:`dict_input` rebuilds it)."""
+    placeholders = [node for node in graph.nodes if node.op == "placeholder"]
+    taken = {str(node.target) for node in placeholders}
+    for placeholder in placeholders:
+        target = str(placeholder.target)
+        if target.startswith("*") or target in fixed or placeholder.args:
+            continue
+        keys = _dict_keys(placeholder)
+        if keys is None or not all(_usable_name(k, taken - {target}) for k in keys):
+            continue
+        with graph.inserting_before(placeholder):
+            arguments = [graph.placeholder(keys[0])]
+            arguments += [graph.placeholder(key, default_value=None) for key in keys[1:]]
+        last = placeholders[-1]
+        with graph.inserting_after(last):
+            rebuilt = graph.call_function(dict_input, (tuple(keys), *arguments))
+        placeholder.replace_all_uses_with(rebuilt)
+        graph.erase_node(placeholder)
+        taken |= set(keys)
+    graph.lint()
