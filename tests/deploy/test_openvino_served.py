@@ -20,7 +20,12 @@ from mqbench.convert_deploy import convert_deploy
 from mqbench.deploy.qdq import insert_qdq
 from mqbench.deploy.verify import verify_deploy
 from mqbench.deploy.writers import openvino as openvino_writer
-from mqbench.deploy.writers.openvino import fake_quantize_as_onnx, run_openvino_file, to_openvino
+from mqbench.deploy.writers.openvino import (
+    fake_quantize_as_onnx,
+    run_openvino_file,
+    run_openvino_isolated,
+    to_openvino,
+)
 from mqbench.prepare_by_platform import prepare_by_platform
 from mqbench.qparams import QParamTable, TensorQParams
 from mqbench.utils.state import enable_calibration, enable_quantization
@@ -204,11 +209,13 @@ def test_verify_runs_the_file_as_written(tmp_path, monkeypatch):
     qmodel, result = deployed(ReluTimesNegative(bias=False), tmp_path)
     compiled: list[str] = []
 
-    def spy(path, inputs, *args, **kwargs):
+    def spy(path, inputs, expose, *args, **kwargs):
         compiled.append(str(path))
-        return run_openvino_file(path, inputs, *args, **kwargs)
+        served, exposed = run_openvino_isolated(path, inputs, expose, *args, **kwargs)
+        assert set(served) == set(result.output_names) and set(exposed) >= set(expose)
+        return served, exposed
 
-    monkeypatch.setattr(openvino_writer, "run_openvino_file", spy)
+    monkeypatch.setattr(openvino_writer, "run_openvino_isolated", spy)
     report = verify_deploy(qmodel, result, torch.randn(2, 3, 16, 16))
     assert compiled == [str(result.artifacts["openvino_onnx"])]
     assert report.passed, report.failures()

@@ -46,6 +46,8 @@ import onnx
 from onnx import helper, numpy_helper
 
 from mqbench.deploy.comparison import (
+    FLOAT_ATOL,
+    FLOAT_RTOL,
     REDUCE_RANGE_REMEDY,
     ArtifactReport,
     HostReport,
@@ -76,6 +78,7 @@ __all__ = [
     "fake_quantize_outputs",
     "run_openvino",
     "run_openvino_file",
+    "run_openvino_isolated",
     "to_openvino",
     "write",
 ]
@@ -388,11 +391,18 @@ model, inputs, outputs, threads, precision = sys.argv[1:6]
 config = {"INFERENCE_NUM_THREADS": int(threads)}
 if precision:
     config["INFERENCE_PRECISION_HINT"] = precision
-compiled = ov.Core().compile_model(model, "CPU", config)
-feeds = pickle.loads(Path(inputs).read_bytes())
-values = compiled({name: np.ascontiguousarray(value) for name, value in feeds.items()})
-by_name = {name: np.asarray(value) for port, value in values.items() for name in port.get_names()}
-Path(outputs).write_bytes(pickle.dumps(by_name))
+feeds, expose = pickle.loads(Path(inputs).read_bytes())
+feeds = {name: np.ascontiguousarray(value) for name, value in feeds.items()}
+core = ov.Core()
+def run(compiled):
+    return {name: np.asarray(value) for port, value in compiled(feeds).items() for name in port.get_names()}
+served = run(core.compile_model(model, "CPU", config))
+exposed = {}
+if expose:
+    copy = core.read_model(model)
+    copy.add_outputs(list(expose))
+    exposed = run(core.compile_model(copy, "CPU", config))
+Path(outputs).write_bytes(pickle.dumps((served, exposed)))
 """
 
 
@@ -410,27 +420,46 @@ def run_openvino_file(
     ending the caller. ``threads`` and ``precision`` as in :func:`run_openvino` (the configuration
     :func:`serve` compiles with).
     """
+    return run_openvino_isolated(path, inputs, (), threads, precision, timeout)[0]
+
+
+def run_openvino_isolated(
+    path: str | Path,
+    inputs: Mapping[str, np.ndarray],
+    expose: Sequence[str],
+    threads: int = 2,
+    precision: str | None = "f32",
+    timeout: float = 900.0,
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """:func:`run_openvino_file`'s outputs, and (in the same fresh process) a copy's with ``expose`` as extra outputs.
+
+    Both in one new process, so that they are computed alike: OpenVINO's results can depend on its
+    process's history (a rounding tie decided one way in a fresh process, the other way after other
+    runtimes ran in it).
+    """
     with tempfile.TemporaryDirectory() as folder:
         feeds, results = Path(folder) / "inputs.pkl", Path(folder) / "outputs.pkl"
-        feeds.write_bytes(pickle.dumps({name: np.asarray(value) for name, value in inputs.items()}))
+        arrays = {name: np.asarray(value) for name, value in inputs.items()}
+        feeds.write_bytes(pickle.dumps((arrays, list(expose))))
         command = [sys.executable, "-c", _SERVE_FILE, str(path), str(feeds), str(results), str(int(threads))]
         child = subprocess.run([*command, precision or ""], capture_output=True, text=True, timeout=timeout)
         if child.returncode != 0 or not results.exists():
             status = f"signal {-child.returncode}" if child.returncode < 0 else f"exit status {child.returncode}"
             tail = child.stderr.strip().splitlines()[-3:]
             raise RuntimeError(f"OpenVINO ended with {status} compiling or running {str(path)!r}: {' | '.join(tail)}")
-        values: dict[str, np.ndarray] = pickle.loads(results.read_bytes())
-    return values
+        served, exposed = pickle.loads(results.read_bytes())
+    return served, exposed
 
 
 # -- verification ----------------------------------------------------------------------------------
 def verify(result: Any, feeds: Mapping[str, np.ndarray], run: VerifyRun) -> ArtifactReport:
     """The FakeQuantize model: its formula on onnxruntime, then OpenVINO's CPU plugin on this host.
 
-    On OpenVINO the file is compiled as written (:func:`run_openvino_file`): its outputs are what the
-    host verdict compares with the simulation. A copy with every quantized tensor as an extra output
-    only says where a difference starts (each quantized tensor, and each output computed from the
-    copy's quantized tensors before it); a file OpenVINO cannot compile or run fails the verdict.
+    On OpenVINO the file is compiled and run as written, in a fresh process (:func:`run_openvino_isolated`),
+    beside a copy with every quantized tensor as an extra output, which says where a difference starts
+    (each quantized tensor, each output from the copy's quantized tensors before it). Where the file's
+    output differs from the copy's by more than a rounding tie explains (:func:`_output_bound`), the
+    file's output is what the verdict compares; a file OpenVINO cannot compile or run fails it.
     """
     path = result.artifacts["openvino_onnx"]
     model = onnx.load(path)
@@ -440,21 +469,48 @@ def verify(result: Any, feeds: Mapping[str, np.ndarray], run: VerifyRun) -> Arti
     values = run_ort(fake_quantize_as_onnx(model), feeds, names, optimize=False)
     report = compare(ArtifactReport("openvino_onnx", "FakeQuantize formula"), values, *args)
     if run.host:
-        values = run_openvino(path, dict(feeds), names)
         crash = None
         try:
-            served = run_openvino_file(path, feeds)
+            extra = [name for name in exposed.values() if name not in result.output_names]
+            served, values = run_openvino_isolated(path, feeds, extra)
         except RuntimeError as error:
-            crash, served = str(error), {}
-        # the copy's quantized tensors, the file's own outputs (a quantized output keeps its name: the file's)
-        values = {**values, **{name: served[name] for name in result.output_names if name in served}}
-        values = {name: value for name, value in values.items() if name in served or name not in result.output_names}
+            crash, served, values = str(error), {}, {}
+        # the copy's quantized tensors and outputs (computed alike: a layer's own difference); where the file as
+        # written computes an output differently from the copy, the file's output instead (the verdict on it)
+        for name in result.output_names:
+            if name in served and not _agrees(served[name], values.get(name), _output_bound(name, result, report)):
+                values[name] = served[name]
+            elif name not in served:
+                values.pop(name, None)
         host = compare(HostReport("openvino_onnx", "OpenVINO CPU"), values, *args)
         predicted = run.predicted(result, feeds, ONEDNN_AVX2) if run.wants_prediction(host) else {}
         report.host = host_verdict(host, predicted, ONEDNN_AVX2, REDUCE_RANGE_REMEDY, run.tolerance)
         if crash is not None:
             report.host.cause = f"the file as written does not run: {crash}"
     return report
+
+
+def _output_bound(name: str, result: Any, report: ArtifactReport) -> float:
+    """How far the file's output may be from the copy's: a rounding tie at a quantized tensor decided the other way.
+
+    A quantized output: one step. A float one: as far as ties move the artifact's own arithmetic from the
+    simulation end to end (the formula on onnxruntime, ``report.outputs``), and float32 rounding.
+    """
+    entry = result.table.get(name)
+    if entry is None:
+        entry = next((e for e in result.table.values() if name in e.extra.get("outputs", ())), None)
+    if entry is not None and entry.grid == "linear":
+        return 1.01 * float(np.max(entry.scale))
+    formula = report.outputs.get(name)
+    if formula is None:
+        return 0.0
+    return max(formula.max_abs_diff, FLOAT_RTOL * max(formula.magnitude, FLOAT_ATOL))
+
+
+def _agrees(served: np.ndarray, copy: np.ndarray | None, bound: float) -> bool:
+    if copy is None or np.shape(served) != np.shape(copy):
+        return False
+    return bool(np.all(np.abs(served.astype(np.float64) - copy) <= bound))
 
 
 def serve(result: Any, threads: int = 2) -> Callable[[Mapping[str, np.ndarray]], list[np.ndarray]]:
