@@ -152,6 +152,7 @@ class RunFolder:
         self.written: list[str] = []  # names relative to the folder, in the order first written
         self._set_aside: Path | None = None
         self._restore_on_failure = False
+        self._kept: set[Path] = set()
 
     def write_text(self, name: str, text: str) -> Path:
         return self._replace(name, lambda tmp: tmp.write_text(text))
@@ -187,6 +188,7 @@ class RunFolder:
         go and the finished one stays set aside, to come back if this run does not finish either."""
         aside = self.path / _SET_ASIDE
         kept = {Path(p).resolve() for p in keep}
+        self._kept = kept
         names = [n for n in RUN_FILES if (self.path / n).exists() and (self.path / n).resolve() not in kept]
         if aside.is_dir() and previous_status(aside) == "finished":
             for name in names:
@@ -215,7 +217,8 @@ class RunFolder:
         if self._set_aside is not None and self._restore_on_failure:
             try:
                 for name in [*self.written, "deploy"]:
-                    _remove(self.path / name)
+                    if (self.path / name).resolve() not in self._kept:  # a checkpoint the run resumed from stays
+                        _remove(self.path / name)
                 for entry in self._set_aside.iterdir():
                     os.replace(entry, self.path / entry.name)
                 self._set_aside.rmdir()
