@@ -139,7 +139,7 @@ def test_a_config_without_labels_or_with_advanced_ptq_is_refused(tmp_path, capsy
     config.write_text(
         textwrap.dedent(
             """
-            quantize: {quantize_type: advanced_ptq, reconstruction: {pattern: block}}
+            quantize: {quantize_type: advanced_ptq, reconstruction: {pattern: block}, backend: tensorrt}
             """
         )
     )
