@@ -46,8 +46,6 @@ import onnx
 from onnx import helper, numpy_helper
 
 from mqbench.deploy.comparison import (
-    FLOAT_ATOL,
-    FLOAT_RTOL,
     REDUCE_RANGE_REMEDY,
     ArtifactReport,
     HostReport,
@@ -391,17 +389,18 @@ model, inputs, outputs, threads, precision = sys.argv[1:6]
 config = {"INFERENCE_NUM_THREADS": int(threads)}
 if precision:
     config["INFERENCE_PRECISION_HINT"] = precision
-feeds, expose = pickle.loads(Path(inputs).read_bytes())
+feeds, copies = pickle.loads(Path(inputs).read_bytes())
 feeds = {name: np.ascontiguousarray(value) for name, value in feeds.items()}
 core = ov.Core()
 def run(compiled):
     return {name: np.asarray(value) for port, value in compiled(feeds).items() for name in port.get_names()}
 served = run(core.compile_model(model, "CPU", config))
-exposed = {}
-if expose:
+exposed = []
+for expose in copies:
     copy = core.read_model(model)
-    copy.add_outputs(list(expose))
-    exposed = run(core.compile_model(copy, "CPU", config))
+    if expose:
+        copy.add_outputs(list(expose))
+    exposed.append(run(core.compile_model(copy, "CPU", config)))
 Path(outputs).write_bytes(pickle.dumps((served, exposed)))
 """
 
@@ -420,27 +419,27 @@ def run_openvino_file(
     ending the caller. ``threads`` and ``precision`` as in :func:`run_openvino` (the configuration
     :func:`serve` compiles with).
     """
-    return run_openvino_isolated(path, inputs, (), threads, precision, timeout)[0]
+    return run_openvino_isolated(path, inputs, [], threads, precision, timeout)[0]
 
 
 def run_openvino_isolated(
     path: str | Path,
     inputs: Mapping[str, np.ndarray],
-    expose: Sequence[str],
+    copies: Sequence[Sequence[str]],
     threads: int = 2,
     precision: str | None = "f32",
     timeout: float = 900.0,
-) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-    """:func:`run_openvino_file`'s outputs, and (in the same fresh process) a copy's with ``expose`` as extra outputs.
+) -> tuple[dict[str, np.ndarray], list[dict[str, np.ndarray]]]:
+    """:func:`run_openvino_file`'s outputs, and in the same fresh process, for each list of tensor names in
+    ``copies``, the values of a copy with those tensors as extra outputs.
 
-    Both in one new process, so that they are computed alike: OpenVINO's results can depend on its
-    process's history (a rounding tie decided one way in a fresh process, the other way after other
-    runtimes ran in it).
+    Extra outputs change which kernels OpenVINO fuses, and with them how exact rounding ties are
+    decided; a fresh process keeps the runs alike (results can depend on what ran before in a process).
     """
     with tempfile.TemporaryDirectory() as folder:
         feeds, results = Path(folder) / "inputs.pkl", Path(folder) / "outputs.pkl"
         arrays = {name: np.asarray(value) for name, value in inputs.items()}
-        feeds.write_bytes(pickle.dumps((arrays, list(expose))))
+        feeds.write_bytes(pickle.dumps((arrays, [list(names) for names in copies])))
         command = [sys.executable, "-c", _SERVE_FILE, str(path), str(feeds), str(results), str(int(threads))]
         child = subprocess.run([*command, precision or ""], capture_output=True, text=True, timeout=timeout)
         if child.returncode != 0 or not results.exists():
@@ -455,11 +454,11 @@ def run_openvino_isolated(
 def verify(result: Any, feeds: Mapping[str, np.ndarray], run: VerifyRun) -> ArtifactReport:
     """The FakeQuantize model: its formula on onnxruntime, then OpenVINO's CPU plugin on this host.
 
-    On OpenVINO the file is compiled and run as written, in a fresh process (:func:`run_openvino_isolated`),
-    beside a copy with every quantized tensor as an extra output, which says where a difference starts
-    (each quantized tensor, each output from the copy's quantized tensors before it). Where the file's
-    output differs from the copy's by more than a rounding tie explains (:func:`_output_bound`), the
-    file's output is what the verdict compares; a file OpenVINO cannot compile or run fails it.
+    On OpenVINO, in one fresh process (:func:`run_openvino_isolated`): the file compiled and run as
+    written, whose outputs the verdict compares with the simulation (each computed from the quantized
+    tensors it reads, taken from a copy that exposes only those, so that OpenVINO fuses and rounds the
+    rest as in the file); and a copy exposing every quantized tensor, which says where a difference
+    starts (each from the copy's tensors before it). A file OpenVINO cannot compile or run fails it.
     """
     path = result.artifacts["openvino_onnx"]
     model = onnx.load(path)
@@ -470,19 +469,34 @@ def verify(result: Any, feeds: Mapping[str, np.ndarray], run: VerifyRun) -> Arti
     report = compare(ArtifactReport("openvino_onnx", "FakeQuantize formula"), values, *args)
     if run.host:
         crash = None
+        outputs = set(result.output_names)
+        extra = [name for name in exposed.values() if name not in outputs]
+        tail = [name for name in _tail_quantized(model, result.output_names) if name not in outputs]
         try:
-            extra = [name for name in exposed.values() if name not in result.output_names]
-            served, values = run_openvino_isolated(path, feeds, extra)
+            served, (values, tail_values) = run_openvino_isolated(path, feeds, [extra, tail])
         except RuntimeError as error:
-            crash, served, values = str(error), {}, {}
-        # the copy's quantized tensors and outputs (computed alike: a layer's own difference); where the file as
-        # written computes an output differently from the copy, the file's output instead (the verdict on it)
-        for name in result.output_names:
-            if name in served and not _agrees(served[name], values.get(name), _output_bound(name, result, report)):
-                values[name] = served[name]
-            elif name not in served:
-                values.pop(name, None)
+            crash, served, values, tail_values = str(error), {}, {}, {}
         host = compare(HostReport("openvino_onnx", "OpenVINO CPU"), values, *args)
+        # the file as written: its outputs, from the quantized tensors they are computed from (a copy exposing
+        # only those fuses the rest as the file does)
+        file_values = {**{name: tail_values[name] for name in tail if name in tail_values}, **served}
+        file_exposed = {tensor: name for tensor, name in exposed.items() if name in file_values}
+        as_written = compare(
+            HostReport("openvino_onnx", "OpenVINO CPU"),
+            file_values,
+            result.table,
+            file_exposed,
+            run,
+            result.output_names,
+        )
+        host.outputs, host.local_outputs, host.missing = (
+            as_written.outputs,
+            as_written.local_outputs,
+            as_written.missing,
+        )
+        for tensor, name in exposed.items():
+            if name in outputs and tensor in as_written.per_tensor:
+                host.per_tensor[tensor] = as_written.per_tensor[tensor]
         predicted = run.predicted(result, feeds, ONEDNN_AVX2) if run.wants_prediction(host) else {}
         report.host = host_verdict(host, predicted, ONEDNN_AVX2, REDUCE_RANGE_REMEDY, run.tolerance)
         if crash is not None:
@@ -490,27 +504,23 @@ def verify(result: Any, feeds: Mapping[str, np.ndarray], run: VerifyRun) -> Arti
     return report
 
 
-def _output_bound(name: str, result: Any, report: ArtifactReport) -> float:
-    """How far the file's output may be from the copy's: a rounding tie at a quantized tensor decided the other way.
-
-    A quantized output: one step. A float one: as far as ties move the artifact's own arithmetic from the
-    simulation end to end (the formula on onnxruntime, ``report.outputs``), and float32 rounding.
-    """
-    entry = result.table.get(name)
-    if entry is None:
-        entry = next((e for e in result.table.values() if name in e.extra.get("outputs", ())), None)
-    if entry is not None and entry.grid == "linear":
-        return 1.01 * float(np.max(entry.scale))
-    formula = report.outputs.get(name)
-    if formula is None:
-        return 0.0
-    return max(formula.max_abs_diff, FLOAT_RTOL * max(formula.magnitude, FLOAT_ATOL))
-
-
-def _agrees(served: np.ndarray, copy: np.ndarray | None, bound: float) -> bool:
-    if copy is None or np.shape(served) != np.shape(copy):
-        return False
-    return bool(np.all(np.abs(served.astype(np.float64) - copy) <= bound))
+def _tail_quantized(model: onnx.ModelProto, outputs: Sequence[str]) -> list[str]:
+    """The FakeQuantize outputs the network outputs are computed from with no FakeQuantize between."""
+    producers = {name: node for node in model.graph.node for name in node.output}
+    found: dict[str, None] = {}
+    seen: set[str] = set()
+    stack = list(outputs)
+    while stack:
+        name = stack.pop()
+        node = producers.get(name)
+        if name in seen or node is None:
+            continue
+        seen.add(name)
+        if node.op_type == "FakeQuantize" and node.domain == FAKE_QUANTIZE_DOMAIN:
+            found[name] = None
+        else:
+            stack.extend(node.input)
+    return list(found)
 
 
 def serve(result: Any, threads: int = 2) -> Callable[[Mapping[str, np.ndarray]], list[np.ndarray]]:
