@@ -159,3 +159,19 @@ def test_a_failed_run_is_run_again_into_its_folder_without_overwrite(config, tmp
     shutil.copy(config, tmp_path / "again.yaml")
     assert main(["ptq", "--config", "again.yaml", "--output", "run", "--quiet"]) == 0
     assert json.loads((tmp_path / "run" / "results.json").read_text())["config"] == "again.yaml"
+
+
+def test_a_disk_that_fills_while_deploying_is_named_and_the_run_says_failed(config, tmp_path, capsys, monkeypatch):
+    write_text = Path.write_text
+
+    def full_at_the_calibration_cache(self, *args, **kwargs):
+        if self.name.endswith("calib_cache.txt"):
+            raise OSError(errno.ENOSPC, "No space left on device", str(self))
+        return write_text(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "write_text", full_at_the_calibration_cache)
+    error = _usage_error(["ptq", "--config", str(config), "--output", "run", "--quiet"], capsys)
+    assert "model_calib_cache.txt: No space left on device; free space on that disk" in error
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert results["status"] == "failed" and "No space left on device" in results["error"]
+    assert not (tmp_path / "run" / "checksums.sha256").exists()
