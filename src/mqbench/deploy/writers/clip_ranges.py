@@ -15,11 +15,11 @@ for the Academic backends, whose quantizers need not be symmetric.
 Reading back (:func:`read`):
 
 * backends with default schemes (TensorRT): from ``blob_range`` alone, as TensorRT does it:
-  symmetric, zero point 0, ``scale = float32(amax / quant_max)`` with the range of the backend's
-  weight scheme for initializers of the float model, of its activation scheme otherwise.
-  Per-channel lists are along axis 0 (axis 1 for a ConvTranspose weight). Lossy: the file
-  stores ``amax = float32(quant_max * scale)``, so the scale read back is within one float32
-  ulp of the original (about 0.8% of 8-bit scales move by one ulp; never more).
+  symmetric, zero point 0, ``scale = float32(amax / max(-quant_min, quant_max))`` with the range
+  of the backend's weight scheme for initializers of the float model, of its activation scheme
+  otherwise (for 7-bit weights in [-64, 63], amax is 64 steps). Per-channel lists are along axis 0
+  (axis 1 for a ConvTranspose weight). Lossy: the file stores amax in float32, so the scale read
+  back is within one float32 ulp of the original (about 0.8% of 8-bit scales move by one ulp).
 * the Academic backends (no default schemes): from ``qparams``, exactly.
 
 Example:
@@ -99,7 +99,7 @@ def read(path: str | Path, spec: BackendSpec, float_model: onnx.ModelProto) -> Q
         kind = model.kind(tensor)
         scheme = scheme_for(spec, kind, path)
         bounds = np.atleast_1d(np.asarray(bound, np.float32)).astype(np.float64)
-        scale = (bounds / scheme.quant_max).astype(np.float32)
+        scale = (bounds / max(-scheme.quant_min, scheme.quant_max)).astype(np.float32)  # amax = max(|min|, |max|)
         axis = model.channel_axis(tensor, len(bounds), path) if isinstance(bound, list) else None
         entries[tensor] = make_entry(
             tensor,
