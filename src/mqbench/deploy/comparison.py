@@ -245,7 +245,11 @@ def feeds_for(result: Any, inputs: Sequence[Tensor]) -> dict[str, np.ndarray]:
     declared = {v.name: v.type.tensor_type.elem_type for v in model.graph.input}
     feeds = {}
     for name, tensor in zip(result.input_names, inputs, strict=True):
-        array = tensor.detach().cpu().numpy() if isinstance(tensor, Tensor) else np.asarray(tensor)
+        if isinstance(tensor, Tensor):
+            # numpy has no bfloat16: the values go in as float32 (the deployment's float type below)
+            array = (tensor.float() if tensor.dtype == torch.bfloat16 else tensor).detach().cpu().numpy()
+        else:
+            array = np.asarray(tensor)
         elem = declared.get(name)
         if elem:
             wanted = helper.tensor_dtype_to_np_dtype(elem)
