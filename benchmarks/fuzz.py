@@ -34,6 +34,7 @@ TESTS = Path(__file__).resolve().parent.parent / "tests"
 sys.path.insert(0, str(TESTS))  # the fuzz package and its helpers live with the tests
 
 from _timing import print_table, write_json  # noqa: E402
+from fuzz.harness import MAX_RELATIVE  # noqa: E402
 from mqbench.backends import ParamsTable  # noqa: E402
 
 STATUSES = ("ok", "clear_error", "crash", "verify_failed", "silent")
@@ -268,7 +269,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if checked:
         print(
             f"\nindependent check: the largest output difference of a passing case is {max(checked):.2%} of its "
-            f"range (median {statistics.median(checked):.2g}; a case is silent beyond 5%)"
+            f"range (median {statistics.median(checked):.2g}; a case is silent beyond {MAX_RELATIVE:.0%})"
         )
     groups = failure_groups(results)
     print(f"\n{len(groups)} failure group(s) (reproduce: benchmarks/fuzz.py --graphs 1 --seed S --backends B)")

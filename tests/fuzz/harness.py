@@ -68,12 +68,13 @@ MODEL_ARTIFACTS = ("onnx", "qlinear_onnx", "openvino_onnx")
 # max(0, max) of the simulation's values, what an 8-bit quantizer of that output would cover. The
 # artifact and the simulation compute one quantized function, so they may part only where a value
 # lands on a rounding tie that float arithmetic in another order decides the other way: one step of
-# one quantizer, which reaches an output scaled by the layers after it. Measured over the fuzz
-# graphs, such flips move an output by at most about 1.5% of its range (a single flip in front of a
-# small final Linear, seen on OpenVINO; benchmarks/fuzz.py reports the largest passing difference as
-# check_relative). A wrong deployment (a tensor clipped to another quantizer's range, a missing or
-# extra quantizer, a wrong scale) is off by many steps: tens of percent of the range.
-MAX_RELATIVE = 0.05  # an element off by more than 5% of the range (about 13 steps of an 8-bit grid)
+# one quantizer, which reaches an output scaled by the layers after it, and may tip further
+# quantizers on the way. Measured on 40 fuzz graphs x 14 backends (benchmarks/fuzz.py prints the
+# largest passing difference): at most 3.3% of the range (4 steps of a Vitis output quantizer, after
+# onnxruntime's optimized kernels took 1-step flips on 18% of one float-weight conv's outputs); a
+# single flip in front of a small final Linear moves its output about 1%. A wrong deployment is off
+# by far more: the output clipped to its reader's input range (the known defect) by 52% of it.
+MAX_RELATIVE = 0.10  # 3x the largest difference seen on correct deployments, 5x below the known defect
 # The prepared model with every quantizer off is the float model, up to BatchNorm folded into weights.
 FLOAT_RELATIVE = 1e-3
 
