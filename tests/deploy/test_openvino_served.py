@@ -230,3 +230,40 @@ def test_a_file_openvino_cannot_run_is_an_error_naming_it(tmp_path):
     onnx.save(model, str(path))
     with pytest.raises(RuntimeError, match=r"exit status .* compiling or running .*broken\.onnx"):
         run_openvino_file(path, {"x": np.zeros((1, 2), np.float32)})
+
+
+def test_verify_fails_where_openvino_serves_a_float_output_wrongly(tmp_path, monkeypatch):
+    """The artifact written without the clamp layout (Relu -> Mul by k < 0): OpenVINO computes relu(k * x) there,
+    every nonzero value of the float output wrong; the host verdict counts float outputs, and fails."""
+    torch.manual_seed(0)
+    qmodel, result = deployed(ReluTimesNegative(bias=False), tmp_path)
+    monkeypatch.setattr(openvino_writer, "_scale_before_relu", lambda graph, table: None)
+    plain, _ = to_openvino(onnx.load(result.artifacts["deploy_onnx"]), result.table)
+    assert [n.op_type for n in plain.graph.node if n.domain != "org.openvinotoolkit"] == ["Conv", "Relu", "Mul"]
+    onnx.save(plain, result.artifacts["openvino_onnx"])
+    report = verify_deploy(qmodel, result, torch.randn(2, 3, 16, 16))
+    art = report.artifacts["openvino_onnx"]
+    assert art.max_lsb_diff == 0 and not art.diverging(1)  # the file's arithmetic is right
+    assert not report.passed
+    (line,) = report.failures()
+    assert line.startswith("openvino_onnx: OpenVINO CPU") and "output 'output'" in line, line
+    local = art.host.local_outputs["output"]
+    assert local.max_abs_diff > 0.5 * local.magnitude  # not rounding: a sign lost
+
+
+def test_verify_fails_on_a_file_openvino_cannot_compile(tmp_path):
+    """A file OpenVINO refuses (an output FakeQuantize of one level): the host verdict fails and says the file does
+    not run, naming it, instead of ending the process."""
+    torch.manual_seed(0)
+    qmodel, result = deployed(Grouped(2), tmp_path)
+    model = onnx.load(result.artifacts["openvino_onnx"])
+    last = [n for n in model.graph.node if n.op_type == "FakeQuantize"][-1]
+    for attribute in last.attribute:
+        if attribute.name == "levels":
+            attribute.i = 1
+    onnx.save(model, result.artifacts["openvino_onnx"])
+    report = verify_deploy(qmodel, result, torch.randn(2, 3, 16, 16))
+    host = report.artifacts["openvino_onnx"].host
+    assert not report.passed and host.missing == list(result.output_names)
+    assert host.cause is not None and host.cause.startswith("the file as written does not run"), host.cause
+    assert "m_openvino.onnx" in host.cause
