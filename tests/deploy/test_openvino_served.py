@@ -203,6 +203,42 @@ def test_the_writer_pads_average_pools_explicitly(tmp_path):
     assert producer.op_type == "Pad"
 
 
+def test_the_explicit_pad_reads_the_quantized_value_its_pool_read():
+    """An entry whose consumers name the pool: the Pad put before it reads the FakeQuantize output, the other
+    reader the float value; a ceil-mode pool keeps its own padding."""
+    x = np.random.default_rng(2).standard_normal((1, 2, 6, 6))
+    nodes = [
+        helper.make_node(
+            "AveragePool", ["x"], ["p"], name="pool", kernel_shape=[3, 3], pads=[1, 1, 1, 1], count_include_pad=1
+        ),
+        helper.make_node(
+            "AveragePool",
+            ["x"],
+            ["c"],
+            name="ceil",
+            kernel_shape=[3, 3],
+            pads=[1, 1, 1, 1],
+            count_include_pad=1,
+            ceil_mode=1,
+            strides=[2, 2],
+        ),
+        helper.make_node("Relu", ["x"], ["r"], name="relu"),
+    ]
+    model = model_of(nodes, {"x": x}, ["p", "c", "r"], {})
+    entry = TensorQParams(np.array([0.03]), np.array([0]), -128, 127, consumers=("pool",))
+    fq_model, quantized = to_openvino(model, QParamTable({"x": entry}))
+    by_name = {n.name: n for n in fq_model.graph.node}
+    pad = next(n for n in fq_model.graph.node if n.op_type == "Pad")
+    assert pad.input[0] == quantized["x"] and by_name["pool"].input[0] == pad.output[0]
+    assert by_name["relu"].input[0] == "x" and by_name["ceil"].input[0] == "x"
+    assert {a.name for a in by_name["ceil"].attribute} >= {"pads", "count_include_pad"}
+    formula = run_exposing(fake_quantize_as_onnx(fq_model), {"x": x.astype(np.float32)}, ["p"])["p"]
+    q = np.clip(np.rint(x / 0.03), -128, 127) * 0.03  # no ties: x is random
+    padded = np.pad(q, ((0, 0), (0, 0), (1, 1), (1, 1)))
+    windows = np.lib.stride_tricks.sliding_window_view(padded, (3, 3), axis=(2, 3))
+    np.testing.assert_allclose(formula, windows.mean(axis=(-1, -2)), rtol=0, atol=1e-6)
+
+
 def test_verify_runs_the_file_as_written(tmp_path, monkeypatch):
     """The host verdict's outputs come from the artifact's own path, compiled as a user loads it."""
     torch.manual_seed(0)

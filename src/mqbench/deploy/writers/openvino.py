@@ -123,7 +123,8 @@ def _explicit_pool_padding(graph: onnx.GraphProto) -> None:
     for node in graph.node:
         attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
         pads = list(attrs.get("pads", []))
-        if node.op_type != "AveragePool" or not attrs.get("count_include_pad") or not any(pads):
+        padded_sum = attrs.get("count_include_pad") and not attrs.get("ceil_mode") and any(pads)
+        if node.op_type != "AveragePool" or not padded_sum:
             nodes.append(node)
             continue
         if attrs.get("auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET"):
@@ -207,8 +208,6 @@ def to_openvino(
     model = onnx.ModelProto.FromString(model.SerializeToString())
     graph = model.graph
     ranks = _ranks(model)
-    _scale_before_relu(graph, table)
-    _explicit_pool_padding(graph)
     taken = all_names(graph)
     users = consumers_of(graph)
     known = {v.name for v in graph.input} | set(initializer_map(graph)) | {o for n in graph.node for o in n.output}
@@ -249,6 +248,8 @@ def to_openvino(
             result = tensor
         quantized[tensor] = result
     graph.node.extend(added)
+    _scale_before_relu(graph, table)  # on the quantized graph: each rewritten op reads what it read
+    _explicit_pool_padding(graph)
     topological_sort(graph)
     if all(o.domain != FAKE_QUANTIZE_DOMAIN for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid(FAKE_QUANTIZE_DOMAIN, 1))
