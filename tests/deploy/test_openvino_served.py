@@ -199,13 +199,14 @@ def test_the_writer_pads_average_pools_explicitly(tmp_path):
     model = onnx.load(result.artifacts["openvino_onnx"])
     pools = [n for n in model.graph.node if n.op_type == "AveragePool"]
     assert len(pools) == 1 and not any(a.name == "pads" for a in pools[0].attribute)
-    producer = {o: n for n in model.graph.node for o in n.output}[pools[0].input[0]]
-    assert producer.op_type == "Pad"
+    producers = {o: n for n in model.graph.node for o in n.output}
+    fake = producers[pools[0].input[0]]  # the padded float tensor, quantized on the pool input's grid
+    assert fake.op_type == "FakeQuantize" and producers[fake.input[0]].op_type == "Pad"
 
 
 def test_the_explicit_pad_reads_the_quantized_value_its_pool_read():
-    """An entry whose consumers name the pool: the Pad put before it reads the FakeQuantize output, the other
-    reader the float value; a ceil-mode pool keeps its own padding."""
+    """An entry whose consumers name the pool: the pool reads the padded float tensor quantized on that entry's
+    grid, the other readers the float value; a ceil-mode pool keeps its own padding."""
     x = np.random.default_rng(2).standard_normal((1, 2, 6, 6))
     nodes = [
         helper.make_node(
@@ -228,8 +229,12 @@ def test_the_explicit_pad_reads_the_quantized_value_its_pool_read():
     entry = TensorQParams(np.array([0.03]), np.array([0]), -128, 127, consumers=("pool",))
     fq_model, quantized = to_openvino(model, QParamTable({"x": entry}))
     by_name = {n.name: n for n in fq_model.graph.node}
-    pad = next(n for n in fq_model.graph.node if n.op_type == "Pad")
-    assert pad.input[0] == quantized["x"] and by_name["pool"].input[0] == pad.output[0]
+    producers = {o: n for n in fq_model.graph.node for o in n.output}
+    fake, original = producers[by_name["pool"].input[0]], producers[quantized["x"]]
+    assert (
+        fake.op_type == "FakeQuantize" and fake.input[1:] == original.input[1:] and fake.attribute == original.attribute
+    )
+    assert producers[fake.input[0]].op_type == "Pad" and producers[fake.input[0]].input[0] == "x"
     assert by_name["relu"].input[0] == "x" and by_name["ceil"].input[0] == "x"
     assert {a.name for a in by_name["ceil"].attribute} >= {"pads", "count_include_pad"}
     formula = run_exposing(fake_quantize_as_onnx(fq_model), {"x": x.astype(np.float32)}, ["p"])["p"]

@@ -112,32 +112,44 @@ def _limits(tensor: str, entry: TensorQParams, rank: int | None) -> tuple[np.nda
 def _explicit_pool_padding(graph: onnx.GraphProto) -> None:
     """Give each AveragePool that counts its zero padding (``count_include_pad=1``) an explicit Pad instead.
 
-    OpenVINO's CPU plugin may keep a signed int8 tensor as unsigned values shifted by 128 (an
-    int8 convolution writes it so); an AveragePool of it then pads with the shifted zero, i.e.
-    ``-128`` steps of the input, and every border value is off. A ``Pad`` (constant zero) before an
-    unpadded AveragePool is the same arithmetic (the zeros are in the sum, the divisor the window
-    size), and OpenVINO pads the shifted tensor with its zero point.
+    OpenVINO's CPU plugin may keep a signed int8 tensor as unsigned values shifted by 128 (an int8
+    convolution writes it so); padding that tensor, in the pool or by a Pad after its FakeQuantize, adds
+    the shifted zero, i.e. ``-128`` steps, and every border value is off. So the float tensor is padded
+    and then quantized by a FakeQuantize of the same grid (zero is on every grid: the same values), and
+    the pool, without padding, reads that: the same sum of the same window, divided by the window size.
     """
     taken = all_names(graph)
+    producers = {output: node for node in graph.node for output in node.output}
     nodes: list[onnx.NodeProto] = []
     for node in graph.node:
         attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
         pads = list(attrs.get("pads", []))
         padded_sum = attrs.get("count_include_pad") and not attrs.get("ceil_mode") and any(pads)
-        if node.op_type != "AveragePool" or not padded_sum:
-            nodes.append(node)
-            continue
-        if attrs.get("auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET"):
+        if node.op_type != "AveragePool" or not padded_sum or attrs.get("auto_pad", b"NOTSET") != b"NOTSET":
             nodes.append(node)
             continue
         half = len(pads) // 2
         full = [0, 0, *pads[:half], 0, 0, *pads[half:]]  # ONNX Pad: begins of every axis, then ends
         pads_name = unique_name(f"{node.name or node.output[0]}_pads", taken)
         graph.initializer.append(constant(pads_name, np.array(full, np.int64)))
-        padded = unique_name(f"{node.input[0]}_padded", taken)
-        nodes.append(
-            helper.make_node("Pad", [node.input[0], pads_name], [padded], name=unique_name(f"{padded}_Pad", taken))
-        )
+        producer = producers.get(node.input[0])
+        fake = producer if producer is not None and producer.op_type == "FakeQuantize" else None
+        fake = fake if fake is not None and fake.domain == FAKE_QUANTIZE_DOMAIN else None
+        source = fake.input[0] if fake is not None else node.input[0]
+        padded = unique_name(f"{source}_padded", taken)
+        nodes.append(helper.make_node("Pad", [source, pads_name], [padded], name=unique_name(f"{padded}_Pad", taken)))
+        if fake is not None:
+            requantized = unique_name(f"{padded}_fq", taken)
+            copy = helper.make_node(
+                "FakeQuantize",
+                [padded, *fake.input[1:]],
+                [requantized],
+                name=unique_name(f"{requantized}_FakeQuantize", taken),
+                domain=FAKE_QUANTIZE_DOMAIN,
+            )
+            copy.attribute.extend(fake.attribute)
+            nodes.append(copy)
+            padded = requantized
         node.input[0] = padded
         kept = [a for a in node.attribute if a.name not in ("pads", "count_include_pad")]
         del node.attribute[:]
