@@ -134,6 +134,19 @@ class PaddedAveragePool(nn.Module):
         return torch.cat([self.branch(self.pool(y)), self.other(y)], 1)
 
 
+class PoolOnly(nn.Module):
+    """The padded pool is the only reader of its (unsigned) input: its FakeQuantize has no other reader."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, C, 3, padding=1)
+        self.pool = nn.AvgPool2d(3, stride=1, padding=1)
+        self.head = nn.Conv2d(C, 4, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.pool(torch.relu(self.stem(x))))
+
+
 class Grouped(nn.Module):
     """A signed conv output read by a depthwise or grouped 3x3 conv (and by a second conv), then a 1x1 conv."""
 
@@ -164,6 +177,7 @@ CASES = {
     "relu times negative": lambda: ReluTimesNegative(bias=False),
     "relu times negative, bias": lambda: ReluTimesNegative(bias=True),
     "padded average pool": PaddedAveragePool,
+    "padded average pool, its only reader": PoolOnly,
     "depthwise": lambda: Grouped(C),
     "grouped": lambda: Grouped(2),
 }
