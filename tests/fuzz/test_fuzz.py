@@ -172,9 +172,10 @@ def test_a_model_that_fails_in_torch_is_a_crash_at_its_stage():
 # -- the suite: fixed seeds through every backend ------------------------------------------------------
 SEEDS = range(6)  # image graphs for even seeds, sequence graphs for odd ones
 BACKENDS = list(ParamsTable)
-# Clear errors the suite accepts: graph tag -> why mqbench may refuse such a graph, as documented.
+# Clear errors the suite accepts: the start of mqbench's message -> why such a graph cannot deploy, as documented.
 ALLOWED_CLEAR_ERRORS = {
-    "nothing_to_quantize": "convert_deploy raises ValueError for a model without fake quantizers (its docstring)",
+    "the prepared model quantizes nothing": "convert_deploy raises ValueError for a model without fake quantizers "
+    "(its docstring): the backend's placement quantizes no op of the graph",
 }
 
 
@@ -183,6 +184,6 @@ ALLOWED_CLEAR_ERRORS = {
 def test_fuzz_graph_deploys_and_verifies(seed, backend, tmp_path):
     graph = generate(seed)
     case: CaseResult = run_case(graph, backend, folder=str(tmp_path))
-    if case.status == "clear_error" and graph.tags & ALLOWED_CLEAR_ERRORS.keys():
+    if case.status == "clear_error" and case.message.startswith(tuple(ALLOWED_CLEAR_ERRORS)):
         return
     assert case.status == "ok", f"{case}\n{case.location}\n{graph.describe()}"
