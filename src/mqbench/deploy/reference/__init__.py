@@ -20,7 +20,8 @@ order and runs the recognizable patterns that way:
   with ``acc_scale / y_scale ~= m0 * 2**-n`` and a 31-bit ``m0`` (per channel where the scales are).
 
 Everything else is dequantized and run in float with ``onnx.reference`` (Conv and ConvTranspose by
-:mod:`~mqbench.deploy.reference.windows` in float64), and quantized again at the next QuantizeLinear.
+:mod:`~mqbench.deploy.reference.windows` in float64, Resize by :mod:`~mqbench.deploy.reference.resize`
+as ONNX defines it), and quantized again at the next QuantizeLinear.
 
 Rounding: the requantization shift rounds half up (``+ 2**(n-1)`` then an arithmetic shift, i.e.
 towards +inf at exact ties), the single add-and-shift that fixed-point datapaths implement

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import onnx
 
+from mqbench.deploy.reference.resize import float_resize
 from mqbench.deploy.reference.values import Value, to_array
 from mqbench.nn.quantized.functional import (
     conv_accumulate,
@@ -153,4 +154,5 @@ def float_conv_transpose(node: onnx.NodeProto, inputs: list[Any], attrs: dict[st
 FLOAT_KERNELS: dict[str, Callable[[onnx.NodeProto, list[Any], dict[str, Any]], list[Value] | None]] = {
     "Conv": float_conv,
     "ConvTranspose": float_conv_transpose,
-}  # this module's own float kernels, where onnx.reference is slow (Conv) or wrong (grouped ConvTranspose)
+    "Resize": float_resize,
+}  # the reference's own float kernels, where onnx.reference is slow (Conv) or wrong (grouped ConvTranspose, Resize)
