@@ -534,3 +534,38 @@ def test_shape_of_a_quantized_tensor_is_read_off_its_integers(kind):
     assert not [n for n in qlinear.graph.node if n.op_type == "DequantizeLinear" and n.input[0] == shape_of.output[0]]
     assert worst <= 1 and exact > 0.99
     assert op_counts(qlinear)["QLinearAdd"] == 1 and float_ops(qlinear) == []
+
+
+def _interpolate_flatten_gemm(mode: str, size_in: tuple[int, int], size_out: tuple[int, int], **attrs: str):
+    """Resize (sizes) -> Flatten -> Gemm between quantized tensors, one axis shrinking and the other growing."""
+    x = RNG.standard_normal((2, 2, *size_in)).astype(np.float32)
+    fc = RNG.standard_normal((3, 2 * size_out[0] * size_out[1])).astype(np.float32) * 0.1
+    sizes = np.array([2, 2, *size_out], np.int64)
+    nodes = [
+        helper.make_node("Resize", ["x", "", "", "sizes"], ["r"], name="interpolate", mode=mode, **attrs),
+        helper.make_node("Flatten", ["r"], ["f"], name="flatten"),
+        helper.make_node("Gemm", ["f", "fc"], ["y"], name="fc", transB=1),
+    ]
+    model = model_of(nodes, {"x": x}, ["y"], {"fc": fc})
+    model.graph.initializer.append(numpy_helper.from_array(sizes, "sizes"))  # int64, as ONNX requires
+    table = {"x": act(0.03, 0, -127, 127), "f": act(0.025, 0, -127, 127),
+             "fc": weight(fc, -127, 127, True), "y": act(0.05, 0, -127, 127)}  # fmt: skip
+    return model, table, {"x": x}
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        ("linear", (9, 10), (8, 14), {"coordinate_transformation_mode": "half_pixel"}),
+        ("nearest", (14, 16), (18, 11), {"coordinate_transformation_mode": "asymmetric", "nearest_mode": "floor"}),
+    ],
+    ids=["bilinear-9x10-to-8x14", "nearest-14x16-to-18x11"],
+)
+def test_interpolate_that_shrinks_one_axis_and_grows_another_matches_qdq(case):
+    """The QLinear graph's arithmetic (integer reference) against the Q/DQ model on onnxruntime: the Resize
+    interpolates (or picks) as onnxruntime does, so the flattened tensor after it agrees within 1 LSB."""
+    mode, size_in, size_out, attrs = case
+    model, entries, feeds = _interpolate_flatten_gemm(mode, size_in, size_out, **attrs)
+    qlinear, worst, exact = integer_parity(model, QParamTable(entries), feeds)
+    assert "Resize" in op_counts(qlinear)
+    assert worst <= 1 and exact > 0.95
