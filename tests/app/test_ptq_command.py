@@ -143,6 +143,7 @@ def test_the_shipped_ptq_example_runs_and_its_figures_are_what_an_independent_me
         "results.json",
         "report.md",
         "report.html",
+        "checksums.sha256",
     }
     resolved = yaml.safe_load((run / "config.yaml").read_text())
     assert resolved["quantize"]["backend"] == "Tensorrt" and resolved["data"]["max_eval"] is None  # defaults filled

@@ -12,6 +12,7 @@ from torch import fx, nn
 
 from mqbench.backends.spec import Placement
 from mqbench.custom_quantizer.ops import WEIGHTED_KINDS, edge_layers, is_identity, node_kind
+from mqbench.utils.tracer import dict_input
 
 __all__ = ["ActivationSite", "plan_activation_quantizers"]
 
@@ -217,7 +218,8 @@ def plan_activation_quantizers(
         # and attention masks are integers or flags, never quantized.
         quantized_kinds = placement.inputs_of | placement.outputs_of | WEIGHTED_KINDS
         for node in graph.nodes:
-            if node.op == "placeholder":
+            # a forward taking a dict is traced with one placeholder per key, gathered by dict_input
+            if node.op == "placeholder" or (node.op == "call_function" and node.target is dict_input):
                 for value in _input_tensors(node):
                     if any(kinds.get(user) in quantized_kinds for user in value.users):
                         mark(value, None)
