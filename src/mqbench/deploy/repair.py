@@ -51,9 +51,18 @@ def _positive_perms(model: onnx.ModelProto) -> None:
                 repaired = True
     if repaired:  # the exporter's shapes downstream were inferred from the wrong perm: infer them again
         del model.graph.value_info[:]
+        written = [onnx.TypeProto.FromString(value.type.SerializeToString()) for value in model.graph.output]
         for value in model.graph.output:
             value.type.tensor_type.ClearField("shape")
-        model.CopyFrom(onnx.shape_inference.infer_shapes(model))
+        inferred = onnx.shape_inference.infer_shapes(model)
+        # where inference cannot follow (a log-grid quantizer's ops), an output keeps its element type and rank
+        # with every size unknown (the written sizes may come from the wrong perm)
+        for value, before in zip(inferred.graph.output, written, strict=True):
+            if not value.type.tensor_type.HasField("shape"):
+                value.type.CopyFrom(before)
+                for dim in value.type.tensor_type.shape.dim:
+                    dim.Clear()
+        model.CopyFrom(inferred)
 
 
 def _explicit_pads(model: onnx.ModelProto) -> None:
