@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import queue
 import re
 import select
@@ -50,6 +51,11 @@ def worker() -> None:
     from fuzz.harness import run_case
 
     torch.set_num_threads(1)  # two workers share the cores
+    # Results go to a copy of the pipe; anything else written to stdout (the exporter prints whole graphs on
+    # some errors) goes where stderr goes, so the parent never waits on a line stuck behind it.
+    results = os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1)
+    sys.stdout.flush()
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
     for line in sys.stdin:
         seed_text, family, backend = line.split()
         try:
@@ -61,7 +67,7 @@ def worker() -> None:
             case = run_case(graph, backend).to_dict()
             case["lines"] = graph.source.count("\n")
             case["tags"] = sorted(graph.tags)
-        print(RESULT_PREFIX + json.dumps(case), flush=True)
+        print(RESULT_PREFIX + json.dumps(case), file=results, flush=True)
 
 
 # -- the parent: worker slots, each one process at a time ---------------------------------------------
