@@ -16,6 +16,7 @@ import torch
 from onnx import helper
 from torch import nn
 
+from backend_configs import host_config
 from mqbench.convert_deploy import convert_deploy
 from mqbench.deploy.qdq import insert_qdq
 from mqbench.deploy.verify import verify_deploy
@@ -164,7 +165,7 @@ class Grouped(nn.Module):
 
 def deployed(model: nn.Module, tmp_path):
     torch.manual_seed(0)
-    qmodel = prepare_by_platform(model.eval(), "openvino")
+    qmodel = prepare_by_platform(model.eval(), "openvino", host_config("openvino"))
     enable_calibration(qmodel)
     with torch.no_grad():
         for _ in range(3):

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from backend_configs import host_config
 from mqbench.convert_deploy import convert_deploy
 from mqbench.deploy.qlinear import float_ops
 from mqbench.deploy.reference import AccumulatorOverflowWarning
@@ -71,7 +72,7 @@ class BiasedConvNet(nn.Module):
 
 def deploy(model: nn.Module, backend: str, tmp_path, calibration: str = "randn"):
     torch.manual_seed(0)
-    qmodel = prepare_by_platform(model.eval(), backend)
+    qmodel = prepare_by_platform(model.eval(), backend, host_config(backend))
     enable_calibration(qmodel)
     with torch.no_grad():
         for _ in range(3):

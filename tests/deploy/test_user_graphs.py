@@ -13,31 +13,19 @@ import pytest
 import torch
 from torch import nn
 
-from backend_configs import config_for
-from mqbench.app.check import reduce_range_config
-from mqbench.backends import resolve_backend
+from backend_configs import host_config
 from mqbench.convert_deploy import convert_deploy
 from mqbench.deploy.onnx_graph import ort_session
 from mqbench.deploy.verify import verify_deploy
 from mqbench.prepare_by_platform import prepare_by_platform
-from mqbench.utils.host import int8_pairs_saturate
 from mqbench.utils.state import disable_all, enable_calibration, enable_quantization
 
 BACKENDS = ["tensorrt", "openvino", "onnx_qnn", "vitis", "nnie"]
 SHAPE = [1, 3, 8, 8]
 
 
-def config(backend: str) -> dict | None:
-    """The tests' settings; on a host whose int8 kernels saturate 16-bit pair sums (x86 without VNNI), a backend
-    a CPU runtime serves gets the documented remedy (7-bit weights), so its host verdict is the arithmetic's."""
-    spec = resolve_backend(backend)
-    if spec.served_on_cpu and int8_pairs_saturate():
-        return reduce_range_config(spec, config_for(backend))
-    return config_for(backend)
-
-
 def calibrated(model: nn.Module, backend: str, inputs: tuple[torch.Tensor, ...]) -> nn.Module:
-    qmodel = prepare_by_platform(model.eval(), backend, config(backend))
+    qmodel = prepare_by_platform(model.eval(), backend, host_config(backend))
     enable_calibration(qmodel)
     generator = torch.Generator().manual_seed(0)
     with torch.no_grad():

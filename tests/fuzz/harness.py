@@ -39,14 +39,12 @@ import torch
 from torch import Tensor, nn
 
 import mqbench
-from backend_configs import ACADEMIC_8BIT
+from backend_configs import host_config
 from fuzz.builder import FuzzGraph
-from mqbench.app.check import reduce_range_config
 from mqbench.backends import ParamsTable
 from mqbench.convert_deploy import convert_deploy
 from mqbench.deploy.verify import verify_deploy
 from mqbench.prepare_by_platform import prepare_by_platform
-from mqbench.utils.host import int8_pairs_saturate
 from mqbench.utils.state import disable_all, enable_calibration, enable_quantization
 
 __all__ = [
@@ -235,14 +233,10 @@ def _check_float(graph: FuzzGraph, qmodel: nn.Module, inputs: Sequence[Tensor]) 
 
 
 def prepare_config(backend: str) -> dict | None:
-    """What a user passes: the 8-bit settings for a backend without default quantizers (its spec has no weight
-    scheme), and, for a backend a CPU runtime serves on a host whose int8 kernels saturate 16-bit pair sums (x86
-    without VNNI), the documented remedy (``reduce_range``: 7-bit weights)."""
-    spec = ParamsTable[backend]
-    config = ACADEMIC_8BIT if spec.weight is None else None
-    if spec.served_on_cpu and int8_pairs_saturate():
-        config = reduce_range_config(spec, config)
-    return config
+    """What a user passes: the 8-bit settings for a backend without default quantizers, and on a host whose int8
+    kernels saturate 16-bit pair sums (x86 without VNNI) the documented remedy for a backend a CPU runtime serves
+    (``reduce_range``: 7-bit weights); see ``backend_configs.host_config``."""
+    return host_config(backend)
 
 
 def run_case(graph: FuzzGraph, backend: str, verify_scale: float = 1.0, folder: str | None = None) -> CaseResult:
