@@ -215,9 +215,9 @@ def _check_deployable(model: nn.Module, spec: BackendSpec, allow_backend_mismatc
         shown = "; ".join(floats[:6]) + (f"; and {len(floats) - 6} more" if len(floats) > 6 else "")
         raise ValueError(
             f"the prepared model quantizes nothing: backend {plan.backend!r} quantizes none of its ops "
-            f"({shown or 'it has no ops'}), so there is nothing to deploy. Deploy the float model as it is, or add "
-            "the ops to quantize with prepare_custom_config_dict['extra_quantizer_dict'] (additional_function_type, "
-            "additional_module_type, additional_node_name)"
+            f"({shown or 'it has no ops'}), so there is nothing to deploy. Export the float model as it is "
+            "(torch.onnx.export), or add the ops to quantize with prepare_custom_config_dict['extra_quantizer_dict'] "
+            "(additional_function_type, additional_module_type, additional_node_name)"
         )
     if not found:
         raise ValueError(
