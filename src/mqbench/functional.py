@@ -77,9 +77,12 @@ def qparams_from_range(
     representable. Symmetric grids have zero point 0: a signed grid covers
     ``max(|min|, |max|)`` with ``(quant_max - quant_min) / 2`` steps, an
     unsigned one (``quant_min >= 0``) covers ``[0, max]`` with ``quant_max``
-    steps. Scales are floored at ``eps`` (a constant or all-zero tensor still
-    gives a finite positive scale) and, with ``pot_scale``, rounded to a power
-    of two in the log domain.
+    steps. A range with nothing on the grid's side of zero (an all-zero tensor:
+    a ReLU no calibration input opened, a pruned weight channel) gets scale 1:
+    any scale holds its values exactly, and 1, unlike a floor near zero, keeps a
+    bias quantized at ``input_scale * weight_scale`` within int32 (at 1.2e-7 a
+    bias of 0.3 needs 2**31 steps). Other scales are floored at ``eps`` and, with
+    ``pot_scale``, rounded to a power of two in the log domain.
 
     Works elementwise on any shape (0-d for per-tensor, ``[C]`` per channel);
     returns float32 scales of at least one dimension and int32 zero points.
@@ -94,7 +97,7 @@ def qparams_from_range(
             scale = max_pos / quant_max
     else:
         scale = (max_pos - min_neg) / (quant_max - quant_min)
-    scale = torch.clamp(scale, min=eps)
+    scale = torch.where(scale == 0, torch.ones_like(scale), torch.clamp(scale, min=eps))
     if pot_scale:
         scale = round_pot(scale)
     if symmetric:

@@ -13,6 +13,7 @@ import numpy as np
 import onnx
 import pytest
 import torch
+import torch.nn.functional as F
 from onnx import helper
 from torch import nn
 
@@ -163,6 +164,33 @@ class Grouped(nn.Module):
         return torch.cat([self.head(torch.relu(self.grouped(y))), self.other(y)], 1)
 
 
+class ClipOfPool(nn.Module):
+    """``hardtanh`` of a quantized tensor's max pool: OpenVINO clips int8 values on their integers, the bounds cut
+    to whole steps of their grid, unless the clip is the range of the FakeQuantize that reads it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.head = nn.Conv2d(3, 4, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(F.hardtanh(F.max_pool2d(x, 3, 2), -0.7, 1.0))
+
+
+class PaddedCeilPool(nn.Module):
+    """A padded ceil-mode average pool (a window past the padding) and a zero ``F.pad`` of a signed tensor: both
+    become a Pad of the float tensor before its FakeQuantize."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, C, 3, padding=1)
+        self.pool = nn.AvgPool2d(3, 2, padding=1, ceil_mode=True)
+        self.head, self.other = nn.Conv2d(C, 4, 2, stride=2), nn.Conv2d(C, 4, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # 16 -> 18 -> 9; 16 -> 9 (the last window is 16..18)
+        y = self.stem(x)
+        return torch.cat([self.head(F.pad(y, (1, 1, 1, 1))), self.other(self.pool(y))], 1)
+
+
 def deployed(model: nn.Module, tmp_path):
     torch.manual_seed(0)
     qmodel = prepare_by_platform(model.eval(), "openvino", host_config("openvino"))
@@ -181,6 +209,8 @@ CASES = {
     "padded average pool, its only reader": PoolOnly,
     "depthwise": lambda: Grouped(C),
     "grouped": lambda: Grouped(2),
+    "clip of a quantized pool": ClipOfPool,
+    "padded ceil-mode pool and zero pad": PaddedCeilPool,
 }
 
 

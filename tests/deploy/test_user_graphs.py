@@ -11,9 +11,11 @@ import numpy as np
 import onnx
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from backend_configs import host_config
+from fuzz.grammar import generate
 from mqbench.convert_deploy import convert_deploy
 from mqbench.deploy.onnx_graph import ort_session
 from mqbench.deploy.verify import verify_deploy
@@ -170,7 +172,23 @@ class DilatedSame(nn.Module):
         return self.c2(torch.relu(self.c1(x)))
 
 
+class CeilModePools(nn.Module):
+    """Average pools in ceil mode, with and without padding of their own, whose last windows run past the edge
+    (torch divides those by the part within the input and padding), and a zero ``F.pad`` of a quantized tensor."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1, self.c2, self.c3 = nn.Conv2d(3, 4, 3, padding=1), nn.Conv2d(4, 4, 1), nn.Conv2d(4, 4, 2)
+        self.p1 = nn.AvgPool2d(3, 2, ceil_mode=True)
+        self.p2 = nn.AvgPool2d(3, 2, padding=1, ceil_mode=True)
+
+    def forward(self, x):
+        y = torch.relu(self.c1(x))
+        return self.c2(self.p1(y)), self.c3(self.p2(y)), self.c3(F.pad(y, (1, 2, 0, 1)))
+
+
 CASES = {
+    "ceil_mode_pools": (CeilModePools, 1),
     "dilated_same": (DilatedSame, 1),
     "constant_operands": (ConstantOperands, 1),
     "dead_branch": (DeadBranch, 1),
@@ -192,6 +210,35 @@ def test_user_graphs_deploy_and_compute_what_was_simulated(case, backend, tmp_pa
     # 3x the calibration range: clipping a returned float tensor would show
     inputs = tuple(3 * torch.randn(SHAPE, generator=generator) for _ in range(count))
     deploy_and_check(factory(), backend, inputs, tmp_path)
+
+
+def test_verify_serves_each_file_as_a_session_loads_it(tmp_path):
+    """onnxruntime fuses ``DequantizeLinear -> AveragePool(ceil_mode=1, count_include_pad=1) -> QuantizeLinear``
+    into an int8 kernel that divides a window past the input's edge by the whole kernel. In this graph (conv,
+    split, conv, ``AvgPool2d(3, 2, ceil_mode=True)``, Linear) the fusion happens only in the file as written:
+    exposing the tensors verify compares stops it. Put back in the exporter's form, the file fails verify at its
+    output."""
+    graph = generate(56, "image")
+    qmodel = prepare_by_platform(graph.build(), "openvino", host_config("openvino"))
+    enable_calibration(qmodel)
+    with torch.no_grad():
+        for batch in graph.calibration_batches():
+            qmodel(*batch)
+    enable_quantization(qmodel)
+    result = convert_deploy(qmodel, "openvino", dummy_input=graph.batch(0), output_path=tmp_path)
+    inputs = graph.verify_inputs(1.0)
+    assert verify_deploy(qmodel, result, inputs).passed
+    written = onnx.load(result.artifacts["onnx"])
+    (pool,) = [n for n in written.graph.node if n.op_type == "AveragePool"]
+    del pool.attribute[:]
+    pool.attribute.extend(
+        onnx.helper.make_attribute(name, value)
+        for name, value in {"kernel_shape": [3, 3], "strides": [2, 2], "ceil_mode": 1, "count_include_pad": 1}.items()
+    )
+    onnx.save(written, result.artifacts["onnx"])
+    failures = verify_deploy(qmodel, result, inputs, predict=False).failures()
+    assert any(f.startswith("onnx: onnxruntime (optimized)") and "output 'output'" in f for f in failures), failures
+    assert not any(f.startswith("onnx: onnxruntime (as written)") for f in failures), failures
 
 
 def test_an_in_place_call_on_a_read_tensor_keeps_the_float_models_values():
@@ -371,5 +418,30 @@ def test_zero_calibration_data_is_named_at_deploy(tmp_path):
     enable_calibration(qmodel)
     qmodel(torch.zeros(SHAPE))
     enable_quantization(qmodel)
-    with pytest.warns(UserWarning, match=r"calibrated on a constant: input_1_post_act_fake_quantizer \(scale"):
+    with pytest.warns(
+        UserWarning, match=r"saw only zeros in calibration: input_1_post_act_fake_quantizer\. .*scale is set to 1"
+    ):
         convert_deploy(qmodel, "vitis", {"x": SHAPE}, output_path=tmp_path)
+
+
+@pytest.mark.parametrize("backend", ["vitis", "snpe", "pplcuda", "tengine_u8"])
+def test_a_relu_no_calibration_input_opens_deploys_within_int32(backend, tmp_path):
+    """A ReLU closed on every calibration input: its output quantizer saw only zeros. Its scale (1, not a floor
+    near zero) keeps the next layer's bias, quantized at input scale x weight scale, within int32, which integer
+    hardware adds in its accumulator: the integer reference computes what the simulation computes."""
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Conv2d(4, 4, 3)).eval()
+    with torch.no_grad():
+        model[0].bias.fill_(-100.0)  # closed for any input of the calibration's size
+        model[2].bias.copy_(torch.tensor([2.5, -3.0, 0.7, 1.9]))
+    inputs = (torch.randn(SHAPE),)
+    qmodel = calibrated(model, backend, inputs)
+    with pytest.warns(UserWarning, match="saw only zeros"):
+        result = convert_deploy(qmodel, backend, dummy_input=inputs, output_path=tmp_path)
+    zeros = [
+        entry
+        for entry in result.table.values()
+        if entry.kind == "activation" and np.all(np.asarray(entry.scale) == 1.0)
+    ]
+    assert len(zeros) == 1
+    report = verify_deploy(qmodel, result, inputs, reference=True)
+    assert report.passed, report.failures()

@@ -27,8 +27,6 @@ from mqbench.utils.state import UncalibratedError, quantizers
 
 __all__ = ["FrozenQuantizer", "UncalibratedError", "freeze_quantizers", "merge_bn", "uncalibrated_quantizers"]
 
-_EPS_FLOOR = float(torch.finfo(torch.float32).eps) * 1.01  # a scale at this floor: the range had no width
-
 Tap = Callable[["FrozenQuantizer", Tensor, Tensor], None]
 
 
@@ -154,7 +152,7 @@ def freeze_quantizers(model: nn.Module) -> nn.Module:
             )
         frozen = _freeze(name, quantizer, kind)
         if kind == "activation" and frozen.grid == "linear":
-            degenerate.extend(_degenerate(name, frozen))
+            degenerate.extend(_degenerate(name, quantizer))
         if owner is not None:
             with torch.no_grad():
                 weight = quantizer.deploy_weight(owner.weight.detach())
@@ -166,10 +164,10 @@ def freeze_quantizers(model: nn.Module) -> nn.Module:
         set_submodule(model, name, frozen)
     if degenerate:
         warnings.warn(
-            f"{len(degenerate)} activation quantizer(s) were calibrated on a constant: {', '.join(degenerate[:5])}. "
-            "Their scale is at the floor a zero-width range is clamped to: other values saturate, and integer "
-            "hardware overflows its int32 accumulator adding a bias at that scale; calibrate on representative "
-            "data (not zeros)",
+            f"{len(degenerate)} activation quantizer(s) saw only zeros in calibration: {', '.join(degenerate[:5])}. "
+            "Their range has no width, so their scale is set to 1 (any scale holds zeros; 1 keeps a bias quantized "
+            "at that scale within int32): other values are rounded to whole numbers. Calibrate on representative "
+            "data (not zeros) if these tensors carry values in use",
             stacklevel=3,
         )
     if isinstance(model, fx.GraphModule):
@@ -177,8 +175,12 @@ def freeze_quantizers(model: nn.Module) -> nn.Module:
     return model
 
 
-def _degenerate(name: str, frozen: FrozenQuantizer) -> list[str]:
-    """``name (scale s)`` where the scale sits at float32's epsilon or below: the floor a range of zero
-    width (a constant, zero calibration data) is clamped to."""
-    scale = float(frozen.scale.max())
-    return [f"{name} (scale {scale:.3g})"] if scale <= _EPS_FLOOR else []
+def _degenerate(name: str, quantizer: QuantizeBase) -> list[str]:
+    """``name`` where calibration saw only zeros (a range of no width: qparams_from_range gives it scale 1)."""
+    post = quantizer.activation_post_process
+    low, high = getattr(post, "min_val", None), getattr(post, "max_val", None)
+    if not isinstance(low, Tensor) or not isinstance(high, Tensor) or not low.numel():
+        return []
+    if not (torch.isfinite(low).all() and torch.isfinite(high).all()):
+        return []
+    return [name] if bool((low == 0).all() and (high == 0).all()) else []

@@ -11,6 +11,12 @@ parameter file can take:
   every quantized weight is a weight of the model;
 * ``auto_pad=SAME_*`` (``padding="same"``) becomes explicit ``pads`` where the input's size is
   known: onnxruntime refuses SAME padding with dilations;
+* an ``AveragePool`` with ``ceil_mode=1`` and ``count_include_pad=1`` (``AvgPool2d(..., ceil_mode=True)``)
+  is written without ceil mode: torch divides a window that runs past the input's edge by the part of it
+  within the input and its padding, and so does onnxruntime's float kernel, but its fused int8 kernel
+  (``QLinearAveragePool``) divides it by the whole kernel (34 steps off on a 3x3 pool). The same windows
+  come from ``ceil_mode=0`` with extra end padding that is not counted (``count_include_pad=0``), where
+  the pool has no padding of its own; where it ends without a partial window, ``ceil_mode=0`` alone;
 * a forward input nothing reads is dropped by the exporter: it is added back, so that the
   deployed model takes the inputs the model takes.
 
@@ -30,8 +36,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import onnx
-from onnx import helper
+from onnx import helper, numpy_helper
 from torch import Tensor
 
 from mqbench.deploy.onnx_graph import initializer_map
@@ -65,6 +72,15 @@ def _positive_perms(model: onnx.ModelProto) -> None:
         model.CopyFrom(inferred)
 
 
+def _shapes(model: onnx.ModelProto) -> dict[str, list[int | None]]:
+    """Every tensor's inferred sizes (None where a size is not known)."""
+    inferred = onnx.shape_inference.infer_shapes(model)
+    return {
+        v.name: [d.dim_value if d.HasField("dim_value") else None for d in v.type.tensor_type.shape.dim]
+        for v in (*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output)
+    }
+
+
 def _explicit_pads(model: onnx.ModelProto) -> None:
     """``auto_pad=SAME_*`` (``padding="same"``) as explicit ``pads``: onnxruntime refuses it with dilations."""
     nodes = [
@@ -75,11 +91,7 @@ def _explicit_pads(model: onnx.ModelProto) -> None:
     ]
     if not nodes:
         return
-    inferred = onnx.shape_inference.infer_shapes(model)
-    shapes = {
-        v.name: [d.dim_value if d.HasField("dim_value") else None for d in v.type.tensor_type.shape.dim]
-        for v in (*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output)
-    }
+    shapes = _shapes(model)
     initializers = initializer_map(model.graph)
     for node in nodes:
         attributes = {a.name: a for a in node.attribute}
@@ -106,6 +118,87 @@ def _explicit_pads(model: onnx.ModelProto) -> None:
         kept = [a for a in node.attribute if a.name not in ("auto_pad", "pads")]
         del node.attribute[:]
         node.attribute.extend([*kept, helper.make_attribute("pads", begin + end)])
+
+
+def _set_attributes(node: onnx.NodeProto, **values: int | list[int]) -> None:
+    kept = [a for a in node.attribute if a.name not in values]
+    del node.attribute[:]
+    node.attribute.extend([*kept, *(helper.make_attribute(name, value) for name, value in values.items())])
+
+
+def _ceil_mode_pools(model: onnx.ModelProto) -> None:
+    """``AveragePool`` with ``ceil_mode=1, count_include_pad=1`` in a form without ceil mode (see the module)."""
+    nodes = []
+    for node in model.graph.node:
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        if (
+            node.op_type == "AveragePool"
+            and attrs.get("ceil_mode", 0)
+            and attrs.get("count_include_pad", 0)
+            and attrs.get("auto_pad", b"NOTSET") in (b"NOTSET", "NOTSET")
+        ):
+            nodes.append((node, attrs))
+    if not nodes:
+        return
+    shapes = _shapes(model)
+    added: list[tuple[onnx.NodeProto, onnx.NodeProto]] = []
+    for node, attrs in nodes:
+        kernel = list(attrs["kernel_shape"])
+        rank = len(kernel)
+        pads = list(attrs.get("pads", [0] * 2 * rank))
+        strides = list(attrs.get("strides", [1] * rank))
+        dilations = list(attrs.get("dilations", [1] * rank))
+        spatial = (shapes.get(node.input[0]) or [])[2:]
+        if len(spatial) != rank or None in spatial:
+            if not any(pads):  # no padding of its own: nothing to count but the input
+                _set_attributes(node, count_include_pad=0)
+            continue
+        extra = []
+        for size, k, stride, dilation, begin, end in zip(
+            spatial, kernel, strides, dilations, pads[:rank], pads[rank:], strict=True
+        ):
+            span = (k - 1) * dilation + 1
+            out = -(-(size + begin + end - span) // stride) + 1  # torch's ceil mode:
+            if (out - 1) * stride >= size + begin:  # no window starts in the end padding
+                out -= 1
+            extra.append(max((out - 1) * stride + span - (size + begin + end), 0))
+        if not any(extra):
+            _set_attributes(node, ceil_mode=0)
+            continue
+        if not any(pads):
+            _set_attributes(node, ceil_mode=0, count_include_pad=0, pads=[0] * rank + extra)
+            continue
+        # Padding counted and a window past it: the counted padding becomes values (an explicit Pad of zeros),
+        # and the pool counts the values in each window, as torch does.
+        taken = {name for n in model.graph.node for name in (*n.input, *n.output)} | set(initializer_map(model.graph))
+        padded = _unique(f"{node.input[0]}_padded", taken)
+        widths = _unique(f"{padded}_pads", taken)
+        model.graph.initializer.append(
+            numpy_helper.from_array(np.array([0, 0, *pads[:rank], 0, 0, *pads[rank:]], np.int64), widths)
+        )
+        added.append(
+            (node, helper.make_node("Pad", [node.input[0], widths], [padded], name=_unique(f"{padded}_Pad", taken)))
+        )
+        node.input[0] = padded
+        _set_attributes(node, ceil_mode=0, count_include_pad=0, pads=[0] * rank + extra)
+    if added:
+        before = {id(node): pad for node, pad in added}
+        ordered = []
+        for node in model.graph.node:
+            if id(node) in before:
+                ordered.append(before[id(node)])
+            ordered.append(node)
+        del model.graph.node[:]
+        model.graph.node.extend(ordered)
+
+
+def _unique(name: str, taken: set[str]) -> str:
+    candidate, index = name, 0
+    while candidate in taken:
+        index += 1
+        candidate = f"{name}_{index}"
+    taken.add(candidate)
+    return candidate
 
 
 def _distinct_initializers(graph: onnx.GraphProto) -> None:
@@ -161,5 +254,6 @@ def repair_export(model: onnx.ModelProto, inputs: Sequence[tuple[str, Tensor]]) 
     """Repair ``model`` in place; ``inputs`` are the (name, example tensor) pairs it was exported with."""
     _positive_perms(model)
     _explicit_pads(model)
+    _ceil_mode_pools(model)
     _distinct_initializers(model.graph)
     _unused_inputs(model.graph, inputs)

@@ -72,11 +72,13 @@ class TqtFakeQuantize(QuantizeBase):
         if not observer.calibrated:
             return
         low, high = observer.clip_range()
-        amax = torch.maximum(-low, high).clamp(min=EPS).reshape(-1)
+        amax = torch.maximum(-low, high).clamp(min=0).reshape(-1)
         with torch.no_grad():
             if self.log2_threshold.shape != amax.shape:
                 self.log2_threshold.data = torch.empty_like(amax)
-            self.log2_threshold.copy_(torch.log2(amax))
+            # an all-zero range: the threshold of scale 1 (qparams_from_range's convention)
+            unit = torch.full_like(amax, float(self._levels_per_threshold))
+            self.log2_threshold.copy_(torch.log2(torch.where(amax == 0, unit, amax.clamp(min=EPS))))
 
     def quantize(self, x: Tensor) -> Tensor:
         scale = self._scale()

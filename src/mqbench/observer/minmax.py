@@ -47,7 +47,8 @@ def _symmetric_pot_exponent(amax: Tensor, quant_max: int, eps: float) -> Tensor:
 
     In fixed-point terms this is ``-fix_pos`` with ``fix_pos = floor(log2(quant_max / amax))``.
     """
-    return torch.ceil(torch.log2(torch.clamp(amax, min=eps) / quant_max))
+    exponent = torch.ceil(torch.log2(torch.clamp(amax, min=eps) / quant_max))
+    return torch.where(amax == 0, torch.zeros_like(exponent), exponent)  # an all-zero tensor: scale 1
 
 
 class MinMaxFloorObserver(ObserverBase):

@@ -159,7 +159,9 @@ class _ScaleInitObserver(ObserverBase):
     def calculate_qparams(self) -> tuple[Tensor, Tensor]:
         if not self.calibrated:
             return super().calculate_qparams()
-        scale = self._initial_scale().float().clamp(min=self.eps)
+        scale = self._initial_scale().float()
+        # qparams_from_range's convention: an all-zero tensor gets scale 1, other scales are floored at eps
+        scale = torch.where(scale == 0, torch.ones_like(scale), scale.clamp(min=self.eps))
         if self.pot_scale:
             scale = round_pot(scale)
         scale = scale.reshape(-1)

@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnx
+import torch
 from onnx import helper, numpy_helper
 
 from mqbench.deploy.comparison import (
@@ -64,6 +65,7 @@ from mqbench.deploy.onnx_graph import (
     topological_sort,
     unique_name,
 )
+from mqbench.functional import fake_quantize
 from mqbench.nn.quantized.saturation import ONEDNN_AVX2
 from mqbench.qparams import QParamTable, TensorQParams
 
@@ -107,6 +109,68 @@ def _limits(tensor: str, entry: TensorQParams, rank: int | None) -> tuple[np.nda
     shape = [1] * rank
     shape[entry.axis % rank] = -1
     return np.asarray(low, np.float32).reshape(shape), np.asarray(high, np.float32).reshape(shape)
+
+
+def _clip_bounds(node: onnx.NodeProto, constants: Mapping[str, np.ndarray]) -> tuple[float, float] | None:
+    """A Clip's constant (min, max), infinite where absent; None where a bound is computed."""
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    bounds = [float(attrs.get("min", -np.inf)), float(attrs.get("max", np.inf))]
+    for index in (1, 2):
+        name = node.input[index] if len(node.input) > index else ""
+        if not name:
+            continue
+        if name not in constants or constants[name].size != 1:
+            return None
+        bounds[index - 1] = float(constants[name].reshape(()))
+    return bounds[0], bounds[1]
+
+
+def _clipped_range(entry: TensorQParams, bounds: tuple[float, float]) -> tuple[int, int] | None:
+    """The integers that ``quantize(clip(x, low, high))`` takes, ``[q(low), q(high)]`` by the simulation's own
+    rounding (clamping and rounding are monotone, so they commute); None where that is not a grid of 2+ levels."""
+    if entry.axis is not None or np.asarray(entry.scale).size != 1:
+        return None
+    scale = torch.tensor(np.asarray(entry.scale, np.float32).reshape(1))
+    zero_point = torch.tensor(np.asarray(entry.zero_point, np.int32).reshape(1))
+    ends = torch.tensor([max(bounds[0], -3.0e38), min(bounds[1], 3.0e38)], dtype=torch.float32)
+    real = fake_quantize(ends, scale, zero_point, entry.quant_min, entry.quant_max)
+    low, high = (int(v) for v in torch.round(real / scale).to(torch.int64) + zero_point.to(torch.int64))
+    return (low, high) if high > low else None
+
+
+def _clip_into_fake_quantize(graph: onnx.GraphProto, table: QParamTable) -> None:
+    """A Clip with constant bounds that a FakeQuantize reads becomes that FakeQuantize's narrower integer range.
+
+    OpenVINO's CPU plugin runs a Clip of an int8 tensor on its integers, with the bounds cut to whole steps of
+    that tensor's grid: ``hardtanh`` after a quantized max pool (grid step 0.0265) clips at 37 steps, 0.980,
+    not 1.0. Quantizing the clipped value onto a grid is quantizing the value onto the integers from
+    ``q(low)`` to ``q(high)`` of that grid, which a FakeQuantize of that many levels over those limits holds.
+    """
+    constants = {name: numpy_helper.to_array(t) for name, t in initializer_map(graph).items()}
+    for node in graph.node:
+        if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":
+            constants[node.output[0]] = numpy_helper.to_array(node.attribute[0].t)
+    producers = {output: node for node in graph.node for output in node.output}
+    taken = all_names(graph)
+    for node in graph.node:
+        if node.op_type != "FakeQuantize" or node.domain != FAKE_QUANTIZE_DOMAIN or node.input[0] not in table:
+            continue
+        clip = producers.get(node.input[0])
+        bounds = _clip_bounds(clip, constants) if clip is not None and clip.op_type == "Clip" else None
+        span = _clipped_range(table[node.input[0]], bounds) if bounds is not None else None
+        if clip is None or span is None:
+            continue
+        entry = table[node.input[0]]
+        zero_point = int(np.asarray(entry.zero_point).reshape(-1)[0])
+        scale = float(np.asarray(entry.scale, np.float64).reshape(-1)[0])
+        names = []
+        for tag, level in (("low", span[0]), ("high", span[1])):
+            names.append(unique_name(f"{node.input[0]}_clipped_fq_{tag}", taken))
+            graph.initializer.append(constant(names[-1], np.array((level - zero_point) * scale, np.float32)))
+        node.input[:] = [clip.input[0], names[0], names[1], names[0], names[1]]
+        kept = [a for a in node.attribute if a.name != "levels"]
+        del node.attribute[:]
+        node.attribute.extend([*kept, helper.make_attribute("levels", span[1] - span[0] + 1)])
 
 
 def _explicit_pool_padding(graph: onnx.GraphProto) -> None:
@@ -155,6 +219,43 @@ def _explicit_pool_padding(graph: onnx.GraphProto) -> None:
         del node.attribute[:]
         node.attribute.extend(kept)
         nodes.append(node)
+    del graph.node[:]
+    graph.node.extend(nodes)
+
+
+def _pad_before_fake_quantize(graph: onnx.GraphProto) -> None:
+    """A zero ``Pad`` of a FakeQuantize's output pads the float tensor instead, and quantizes it again.
+
+    The same reason as for :func:`_explicit_pool_padding`: the CPU plugin pads a signed int8 tensor it keeps
+    shifted by 128 with the shifted zero. Zero is on every grid, so the values are the same.
+    """
+    taken = all_names(graph)
+    producers = {output: node for node in graph.node for output in node.output}
+    initializers = initializer_map(graph)
+    nodes: list[onnx.NodeProto] = []
+    for node in graph.node:
+        nodes.append(node)
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        fake = producers.get(node.input[0]) if node.op_type == "Pad" else None
+        if fake is None or fake.op_type != "FakeQuantize" or fake.domain != FAKE_QUANTIZE_DOMAIN:
+            continue
+        value = node.input[2] if len(node.input) > 2 else ""
+        if attrs.get("mode", b"constant") not in (b"constant", "constant") or len(node.input) > 3:
+            continue
+        if value and (value not in initializers or numpy_helper.to_array(initializers[value]).any()):
+            continue
+        output = node.output[0]
+        padded = unique_name(f"{output}_float", taken)
+        node.input[0], node.output[0] = fake.input[0], padded
+        copy = helper.make_node(
+            "FakeQuantize",
+            [padded, *fake.input[1:]],
+            [output],
+            name=unique_name(f"{output}_FakeQuantize", taken),
+            domain=FAKE_QUANTIZE_DOMAIN,
+        )
+        copy.attribute.extend(fake.attribute)
+        nodes.append(copy)
     del graph.node[:]
     graph.node.extend(nodes)
 
@@ -261,7 +362,9 @@ def to_openvino(
         quantized[tensor] = result
     graph.node.extend(added)
     _scale_before_relu(graph, table)  # on the quantized graph: each rewritten op reads what it read
+    _clip_into_fake_quantize(graph, table)
     _explicit_pool_padding(graph)
+    _pad_before_fake_quantize(graph)
     topological_sort(graph)
     if all(o.domain != FAKE_QUANTIZE_DOMAIN for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid(FAKE_QUANTIZE_DOMAIN, 1))
