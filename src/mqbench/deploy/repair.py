@@ -41,7 +41,7 @@ import onnx
 from onnx import helper, numpy_helper
 from torch import Tensor
 
-from mqbench.deploy.onnx_graph import initializer_map
+from mqbench.deploy.onnx_graph import initializer_map, unique_name
 
 __all__ = ["repair_export"]
 
@@ -171,13 +171,13 @@ def _ceil_mode_pools(model: onnx.ModelProto) -> None:
         # Padding counted and a window past it: the counted padding becomes values (an explicit Pad of zeros),
         # and the pool counts the values in each window, as torch does.
         taken = {name for n in model.graph.node for name in (*n.input, *n.output)} | set(initializer_map(model.graph))
-        padded = _unique(f"{node.input[0]}_padded", taken)
-        widths = _unique(f"{padded}_pads", taken)
+        padded = unique_name(f"{node.input[0]}_padded", taken)
+        widths = unique_name(f"{padded}_pads", taken)
         model.graph.initializer.append(
             numpy_helper.from_array(np.array([0, 0, *pads[:rank], 0, 0, *pads[rank:]], np.int64), widths)
         )
         added.append(
-            (node, helper.make_node("Pad", [node.input[0], widths], [padded], name=_unique(f"{padded}_Pad", taken)))
+            (node, helper.make_node("Pad", [node.input[0], widths], [padded], name=unique_name(f"{padded}_Pad", taken)))
         )
         node.input[0] = padded
         _set_attributes(node, ceil_mode=0, count_include_pad=0, pads=[0] * rank + extra)
@@ -190,15 +190,6 @@ def _ceil_mode_pools(model: onnx.ModelProto) -> None:
             ordered.append(node)
         del model.graph.node[:]
         model.graph.node.extend(ordered)
-
-
-def _unique(name: str, taken: set[str]) -> str:
-    candidate, index = name, 0
-    while candidate in taken:
-        index += 1
-        candidate = f"{name}_{index}"
-    taken.add(candidate)
-    return candidate
 
 
 def _distinct_initializers(graph: onnx.GraphProto) -> None:

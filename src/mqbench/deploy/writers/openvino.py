@@ -173,6 +173,19 @@ def _clip_into_fake_quantize(graph: onnx.GraphProto, table: QParamTable) -> None
         node.attribute.extend([*kept, helper.make_attribute("levels", span[1] - span[0] + 1)])
 
 
+def _fake_quantize_copy(fake: onnx.NodeProto, source: str, output: str, taken: set[str]) -> onnx.NodeProto:
+    """A FakeQuantize with ``fake``'s limits and levels, from ``source`` to ``output``."""
+    copy = helper.make_node(
+        "FakeQuantize",
+        [source, *fake.input[1:]],
+        [output],
+        name=unique_name(f"{output}_FakeQuantize", taken),
+        domain=FAKE_QUANTIZE_DOMAIN,
+    )
+    copy.attribute.extend(fake.attribute)
+    return copy
+
+
 def _explicit_pool_padding(graph: onnx.GraphProto) -> None:
     """Give each AveragePool that counts its zero padding (``count_include_pad=1``) an explicit Pad instead.
 
@@ -204,15 +217,7 @@ def _explicit_pool_padding(graph: onnx.GraphProto) -> None:
         nodes.append(helper.make_node("Pad", [source, pads_name], [padded], name=unique_name(f"{padded}_Pad", taken)))
         if fake is not None:
             requantized = unique_name(f"{padded}_fq", taken)
-            copy = helper.make_node(
-                "FakeQuantize",
-                [padded, *fake.input[1:]],
-                [requantized],
-                name=unique_name(f"{requantized}_FakeQuantize", taken),
-                domain=FAKE_QUANTIZE_DOMAIN,
-            )
-            copy.attribute.extend(fake.attribute)
-            nodes.append(copy)
+            nodes.append(_fake_quantize_copy(fake, padded, requantized, taken))
             padded = requantized
         node.input[0] = padded
         kept = [a for a in node.attribute if a.name not in ("pads", "count_include_pad")]
@@ -247,15 +252,7 @@ def _pad_before_fake_quantize(graph: onnx.GraphProto) -> None:
         output = node.output[0]
         padded = unique_name(f"{output}_float", taken)
         node.input[0], node.output[0] = fake.input[0], padded
-        copy = helper.make_node(
-            "FakeQuantize",
-            [padded, *fake.input[1:]],
-            [output],
-            name=unique_name(f"{output}_FakeQuantize", taken),
-            domain=FAKE_QUANTIZE_DOMAIN,
-        )
-        copy.attribute.extend(fake.attribute)
-        nodes.append(copy)
+        nodes.append(_fake_quantize_copy(fake, padded, output, taken))
     del graph.node[:]
     graph.node.extend(nodes)
 
