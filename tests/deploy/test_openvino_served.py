@@ -191,6 +191,31 @@ class PaddedCeilPool(nn.Module):
         return torch.cat([self.head(F.pad(y, (1, 1, 1, 1))), self.other(self.pool(y))], 1)
 
 
+class ScaledPool(nn.Module):
+    """A scaling of an average pool's output before its FakeQuantize (``-0.5 * avg_pool2d``): OpenVINO rounds an int8
+    average to the input's grid unless the FakeQuantize takes it directly."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem, self.head = nn.Conv2d(3, C, 3, padding=1), nn.Conv2d(C, 4, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(F.avg_pool2d(-0.5 * F.avg_pool2d(self.stem(x), 3, 1, 1), 3, 1))
+
+
+class PoolReadTwice(nn.Module):
+    """An average pool of a quantized tensor read by a quantized layer and by a float op: OpenVINO rounds an int8
+    average to the input's grid unless one FakeQuantize alone takes it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem, self.head = nn.Conv2d(3, C, 3, padding=1), nn.Conv2d(C, 4, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        pooled = F.avg_pool2d(torch.relu(self.stem(x)), 3, 2, ceil_mode=True)
+        return self.head(pooled) * pooled.mean((1, 2, 3), keepdim=True)
+
+
 def deployed(model: nn.Module, tmp_path):
     torch.manual_seed(0)
     qmodel = prepare_by_platform(model.eval(), "openvino", host_config("openvino"))
@@ -211,6 +236,8 @@ CASES = {
     "grouped": lambda: Grouped(2),
     "clip of a quantized pool": ClipOfPool,
     "padded ceil-mode pool and zero pad": PaddedCeilPool,
+    "scaled average pool": ScaledPool,
+    "average pool read twice": PoolReadTwice,
 }
 
 

@@ -33,6 +33,7 @@ Example:
 
 from __future__ import annotations
 
+import math
 import pickle
 import subprocess
 import sys
@@ -86,18 +87,20 @@ __all__ = [
 FAKE_QUANTIZE_DOMAIN = "org.openvinotoolkit"
 
 
-def _ranks(model: onnx.ModelProto) -> dict[str, int]:
-    """Tensor -> rank where known (inputs, initializers, inferred shapes)."""
+def _shapes(model: onnx.ModelProto) -> dict[str, list[int | None]]:
+    """Tensor -> its sizes where its rank is known (inputs, initializers, inferred shapes); None: a size unknown."""
     try:
         inferred = onnx.shape_inference.infer_shapes(model).graph
     except Exception:  # shape inference is a convenience here; the declared shapes remain
         inferred = model.graph
-    ranks = {
-        v.name: len(v.type.tensor_type.shape.dim) for v in inferred.value_info if v.type.tensor_type.HasField("shape")
-    }
-    ranks.update({v.name: len(v.type.tensor_type.shape.dim) for v in model.graph.input})
-    ranks.update({i.name: len(i.dims) for i in model.graph.initializer})
-    return ranks
+
+    def sizes(value: onnx.ValueInfoProto) -> list[int | None]:
+        return [d.dim_value if d.HasField("dim_value") else None for d in value.type.tensor_type.shape.dim]
+
+    shapes = {v.name: sizes(v) for v in inferred.value_info if v.type.tensor_type.HasField("shape")}
+    shapes.update({v.name: sizes(v) for v in model.graph.input})
+    shapes.update({i.name: list(i.dims) for i in model.graph.initializer})
+    return shapes
 
 
 def _limits(tensor: str, entry: TensorQParams, rank: int | None) -> tuple[np.ndarray, np.ndarray]:
@@ -109,6 +112,15 @@ def _limits(tensor: str, entry: TensorQParams, rank: int | None) -> tuple[np.nda
     shape = [1] * rank
     shape[entry.axis % rank] = -1
     return np.asarray(low, np.float32).reshape(shape), np.asarray(high, np.float32).reshape(shape)
+
+
+def _constant_values(graph: onnx.GraphProto) -> dict[str, np.ndarray]:
+    """The values of the initializers and of the Constant nodes' outputs."""
+    constants = {name: numpy_helper.to_array(t) for name, t in initializer_map(graph).items()}
+    for node in graph.node:
+        if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":
+            constants[node.output[0]] = numpy_helper.to_array(node.attribute[0].t)
+    return constants
 
 
 def _clip_bounds(node: onnx.NodeProto, constants: Mapping[str, np.ndarray]) -> tuple[float, float] | None:
@@ -146,10 +158,7 @@ def _clip_into_fake_quantize(graph: onnx.GraphProto, table: QParamTable) -> None
     not 1.0. Quantizing the clipped value onto a grid is quantizing the value onto the integers from
     ``q(low)`` to ``q(high)`` of that grid, which a FakeQuantize of that many levels over those limits holds.
     """
-    constants = {name: numpy_helper.to_array(t) for name, t in initializer_map(graph).items()}
-    for node in graph.node:
-        if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":
-            constants[node.output[0]] = numpy_helper.to_array(node.attribute[0].t)
+    constants = _constant_values(graph)
     producers = {output: node for node in graph.node for output in node.output}
     taken = all_names(graph)
     for node in graph.node:
@@ -226,6 +235,108 @@ def _explicit_pool_padding(graph: onnx.GraphProto) -> None:
         nodes.append(node)
     del graph.node[:]
     graph.node.extend(nodes)
+
+
+def _scale_before_pool(graph: onnx.GraphProto) -> None:
+    """Rewrite ``AveragePool -> Mul / Div by a constant`` (a scalar or one value per channel) as the scaling first.
+
+    OpenVINO's CPU plugin averages an int8 tensor into int8, rounded to the input's grid, unless a
+    FakeQuantize takes the average directly; a scaling in between (``-0.5 * avg_pool(x)``) then reads a
+    rounded average (one step of the input's grid off on 13% of the values at a 3x3 window). Averaging
+    commutes with a per-channel scaling, and the pool then feeds the FakeQuantize.
+    """
+    constants = _constant_values(graph)
+    users = consumers_of(graph)
+    outputs = {v.name for v in graph.output}
+    pools = {node.output[0]: node for node in graph.node if node.op_type in ("AveragePool", "GlobalAveragePool")}
+    for node in list(graph.node):
+        if node.op_type not in ("Mul", "Div"):
+            continue
+        sides = (0, 1) if node.op_type == "Mul" else (0,)
+        for index in sides:
+            pool = pools.get(node.input[index])
+            factor = constants.get(node.input[1 - index])
+            if pool is None or factor is None or factor.dtype.kind != "f" or pool.output[0] in outputs:
+                continue
+            if len(users.get(pool.output[0], [])) != 1 or any(
+                size != 1 for axis, size in enumerate(factor.shape[::-1]) if axis != 2
+            ):
+                continue  # another reader of the average, or a factor that varies over space (or the batch)
+            scaled = pool.output[0]
+            node.input[index], node.output[0], pool.input[0], pool.output[0] = (
+                pool.input[0],
+                scaled,
+                scaled,
+                node.output[0],
+            )
+            break  # the order of the nodes is restored by to_openvino
+
+
+def _divisors(node: onnx.NodeProto, shape: list[int | None] | None) -> int | None:
+    """A common multiple of every count an average pool divides a window's sum by; None where unknown."""
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    spatial = (shape or [])[2:]
+    if node.op_type == "GlobalAveragePool":
+        known = [int(v) for v in spatial if v is not None]
+        return math.prod(known) if known and len(known) == len(spatial) else None
+    kernel = list(attrs.get("kernel_shape", []))
+    rank = len(kernel)
+    pads = list(attrs.get("pads", [0] * 2 * rank))
+    if attrs.get("ceil_mode", 0) or any(d != 1 for d in attrs.get("dilations", [1] * rank)):
+        return None
+    if not any(pads) or attrs.get("count_include_pad", 0):
+        return math.prod(kernel)
+    if len(spatial) != rank or None in spatial:
+        return None
+    counts: set[int] = {1}
+    strides = list(attrs.get("strides", [1] * rank))
+    sizes = [int(v) for v in spatial if v is not None]
+    for size, k, stride, begin, end in zip(sizes, kernel, strides, pads[:rank], pads[rank:], strict=True):
+        starts = np.arange((size + begin + end - k) // stride + 1) * stride - begin
+        within = {int(v) for v in np.minimum(starts + k, size) - np.maximum(starts, 0)}
+        counts = {a * b for a in counts for b in within}
+    return math.lcm(*counts)
+
+
+def _exact_averages(graph: onnx.GraphProto, shapes: Mapping[str, list[int | None]]) -> None:
+    """Give an average pool of a quantized tensor a FakeQuantize that holds its averages exactly, unless one
+    FakeQuantize alone reads it.
+
+    OpenVINO's CPU plugin averages an int8 tensor into int8, rounded to the input's grid, unless a
+    FakeQuantize takes the average directly (``x = avg_pool(q); return fq(x), x.mean()``: half a step of
+    the input's grid, two steps of a finer grid after it). Every average of a grid's values divided by one
+    of the pool's counts lies on that grid refined by a common multiple of the counts, which a FakeQuantize
+    with as many more levels over the same limits holds: the averages pass unchanged.
+    """
+    producers = {output: node for node in graph.node for output in node.output}
+    users = consumers_of(graph)
+    taken = all_names(graph)
+    added: list[onnx.NodeProto] = []
+    for node in graph.node:
+        fake = producers.get(node.input[0]) if node.op_type in ("AveragePool", "GlobalAveragePool") else None
+        if fake is None or fake.op_type != "FakeQuantize" or fake.domain != FAKE_QUANTIZE_DOMAIN:
+            continue
+        readers = users.get(node.output[0], [])
+        if len(readers) == 1 and readers[0].op_type == "FakeQuantize" and readers[0].domain == FAKE_QUANTIZE_DOMAIN:
+            continue
+        divisor = _divisors(node, shapes.get(fake.input[0]))
+        levels_in = next((a.i for a in fake.attribute if a.name == "levels"), 256)
+        levels = (levels_in - 1) * divisor + 1 if divisor is not None else None
+        if levels is None or levels > 2**22:  # float32 resolves a grid of at most ~2**24 steps
+            continue
+        output = node.output[0]
+        node.output[0] = unique_name(f"{output}_sum_divided", taken)
+        added.append(
+            helper.make_node(
+                "FakeQuantize",
+                [node.output[0], fake.input[3], fake.input[4], fake.input[3], fake.input[4]],
+                [output],
+                name=unique_name(f"{output}_exact_FakeQuantize", taken),
+                domain=FAKE_QUANTIZE_DOMAIN,
+                levels=levels,
+            )
+        )
+    graph.node.extend(added)
 
 
 def _pad_before_fake_quantize(graph: onnx.GraphProto) -> None:
@@ -317,7 +428,7 @@ def to_openvino(
     """
     model = onnx.ModelProto.FromString(model.SerializeToString())
     graph = model.graph
-    ranks = _ranks(model)
+    shapes = _shapes(model)
     taken = all_names(graph)
     users = consumers_of(graph)
     known = {v.name for v in graph.input} | set(initializer_map(graph)) | {o for n in graph.node for o in n.output}
@@ -333,7 +444,7 @@ def to_openvino(
         source = tensor  # a network output reads the float value unless every reader is quantized (insert_qdq)
         if wanted is None and tensor in output_names:
             source = free_output_name(graph, users, tensor, taken)
-        low, high = _limits(tensor, entry, ranks.get(tensor))
+        low, high = _limits(tensor, entry, len(shapes[tensor]) if tensor in shapes else None)
         names = []
         for tag, value in (("low", low), ("high", high)):
             name = unique_name(f"{tensor}_fq_{tag}", taken)
@@ -361,6 +472,8 @@ def to_openvino(
     _scale_before_relu(graph, table)  # on the quantized graph: each rewritten op reads what it read
     _clip_into_fake_quantize(graph, table)
     _explicit_pool_padding(graph)
+    _scale_before_pool(graph)
+    _exact_averages(graph, shapes)
     _pad_before_fake_quantize(graph)
     topological_sort(graph)
     if all(o.domain != FAKE_QUANTIZE_DOMAIN for o in model.opset_import):
