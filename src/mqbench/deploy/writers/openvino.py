@@ -51,10 +51,14 @@ from mqbench.deploy.comparison import (
     REDUCE_RANGE_REMEDY,
     ArtifactReport,
     HostReport,
+    TensorDiff,
     VerifyRun,
     compare,
+    explain_ties,
     host_verdict,
     run_ort,
+    simulate,
+    tensor_diff,
 )
 from mqbench.deploy.onnx_graph import (
     all_names,
@@ -717,6 +721,12 @@ def verify(result: Any, feeds: Mapping[str, np.ndarray], run: VerifyRun) -> Arti
             run,
             result.output_names,
         )
+        if as_written.diverging(run.tolerance):  # a rounding tie the file decides the other way, unseen by the copy
+            explain_ties(as_written, file_values, result.table, file_exposed, run, result.output_names)
+        explained = _dropped_rounding(model, result, run, file_values) if as_written.diverging(run.tolerance) else None
+        if explained is not None:
+            as_written.local_outputs, effect = explained
+            host.per_tensor.update({f"{tensor} (as written)": diff for tensor, diff in effect.items()})
         host.outputs, host.local_outputs, host.missing = (
             as_written.outputs,
             as_written.local_outputs,
@@ -727,9 +737,74 @@ def verify(result: Any, feeds: Mapping[str, np.ndarray], run: VerifyRun) -> Arti
                 host.per_tensor[tensor] = as_written.per_tensor[tensor]
         predicted = run.predicted(result, feeds, ONEDNN_AVX2) if run.wants_prediction(host) else {}
         report.host = host_verdict(host, predicted, ONEDNN_AVX2, REDUCE_RANGE_REMEDY, run.tolerance)
+        if explained is not None and report.host.cause is not None:
+            report.host.cause = (
+                "OpenVINO's CPU plugin computes the file as written with the rounding of the FakeQuantize between "
+                "a convolution or matrix product and the Add after it left out (the Add fused into the layer), "
+                f"which moves {', '.join(t for t, d in explained[1].items() if (d.max_lsb_diff or 0) > run.tolerance)}"
+                " beyond the tolerance"
+            )
         if crash is not None:
             report.host.cause = f"the file as written does not run: {crash}"
     return report
+
+
+def _rounding_before_add(model: onnx.ModelProto, table: QParamTable) -> dict[tuple[str, int], tuple[float, float]]:
+    """The quantizer calls whose FakeQuantize reads a Conv, MatMul or Gemm and is read by an Add: their limits."""
+    producers = {name: node for node in model.graph.node for name in node.output}
+    users = consumers_of(model.graph)
+    constants = _constant_values(model.graph)
+    found: dict[tuple[str, int], tuple[float, float]] = {}
+    for node in model.graph.node:
+        if node.op_type != "FakeQuantize" or node.domain != FAKE_QUANTIZE_DOMAIN or node.input[0] not in table:
+            continue
+        producer = producers.get(node.input[0])
+        if producer is not None and producer.op_type == "Add":  # a Linear on 3-d inputs: MatMul, then its bias
+            layer = [producers.get(name) for name in producer.input if name not in constants]
+            producer = layer[0] if len(layer) == 1 else None
+        entry = table[node.input[0]]
+        if producer is None or producer.op_type not in ("Conv", "MatMul", "Gemm") or entry.axis is not None:
+            continue
+        if any(user.op_type in ("Add", "Sum") for user in users.get(node.output[0], [])):
+            found[entry.quantizer, int(entry.extra.get("call", 0))] = entry.float_range()
+    return found
+
+
+def _dropped_rounding(
+    model: onnx.ModelProto, result: Any, run: VerifyRun, values: Mapping[str, np.ndarray]
+) -> tuple[dict[str, TensorDiff], dict[str, TensorDiff]] | None:
+    """Where the file as written parts from the simulation at its outputs: whether OpenVINO's CPU plugin left out
+    the rounding of a FakeQuantize before an Add it fused into the layer in front (it clamps, but does not round,
+    that layer's output; exposing a tensor undoes the fusion, so no copy shows it).
+
+    If the outputs of the file equal those of the simulation with those roundings left out, returns them compared
+    with it, and what leaving them out does to each quantized tensor (in its steps, each computed from the same
+    values before it, as verify measures every tensor); else None.
+    """
+    unrounded = _rounding_before_add(model, result.table)
+    if not unrounded:
+        return None
+    sim = simulate(run.model, run.inputs, None, unrounded)
+    by_output = {out: entry for entry in result.table.values() for out in entry.extra.get("outputs", ())}
+    outputs = {}
+    for index, name in enumerate(result.output_names):
+        if name not in values or index >= len(sim.outputs):
+            return None
+        diff = tensor_diff(name, by_output.get(name), sim.outputs[index], values[name])
+        if diff.float_mismatch() or (diff.max_lsb_diff is not None and diff.max_lsb_diff > run.tolerance):
+            return None
+        outputs[name] = diff
+    # each quantized tensor as the simulation computes it from the values before it with those roundings left out:
+    # its own difference, as verify measures every tensor
+    local = simulate(run.model, run.inputs, sim.quantized)
+    effect = {}
+    for tensor, entry in result.table.items():
+        key = (entry.quantizer, int(entry.extra.get("call", 0)))
+        if key in sim.quantized and key in local.quantized:
+            diff = tensor_diff(tensor, entry, local.quantized[key], sim.quantized[key])
+            if diff.exact_fraction < 1.0:
+                effect[tensor] = diff
+    return outputs, effect
 
 
 def _tail_quantized(model: onnx.ModelProto, outputs: Sequence[str]) -> list[str]:

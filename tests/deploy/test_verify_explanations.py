@@ -1,0 +1,78 @@
+"""What verify accepts in a file a runtime computes without showing its intermediate tensors.
+
+Exposing a tensor changes what a runtime fuses, so the outputs of a file as written are compared with the
+simulation fed the quantized tensors of a copy that exposes them. Two differences are explained, and
+nothing else: a value at a rounding tie that the file rounds the other way (``explain_ties``), and
+OpenVINO's CPU plugin leaving out the rounding of a FakeQuantize before an Add it fuses into the layer in
+front, measured tensor by tensor as verify measures every tensor.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import nn
+
+from backend_configs import host_config
+from fuzz.grammar import generate
+from mqbench.convert_deploy import convert_deploy
+from mqbench.deploy.comparison import HostReport, VerifyRun, compare, explain_ties, simulate, simulation_copy
+from mqbench.deploy.verify import verify_deploy
+from mqbench.prepare_by_platform import prepare_by_platform
+from mqbench.utils.state import enable_calibration, enable_quantization
+
+
+def _linear_on_openvino(tmp_path):
+    torch.manual_seed(0)
+    qmodel = prepare_by_platform(nn.Sequential(nn.Linear(4, 3)).eval(), "openvino")
+    enable_calibration(qmodel)
+    qmodel(torch.randn(16, 4))
+    enable_quantization(qmodel)
+    return qmodel, convert_deploy(qmodel, "openvino", {"x": [2, 4]}, output_path=tmp_path)
+
+
+def test_only_a_rounding_tie_decided_the_other_way_is_explained(tmp_path):
+    qmodel, result = _linear_on_openvino(tmp_path)
+    (tensor,) = [t for t, e in result.table.items() if e.kind == "activation"]
+    entry = result.table[tensor]
+    scale = float(entry.scale[0])
+    x = torch.randn(2, 4, generator=torch.Generator().manual_seed(1))
+    x[0, 1] = 3.5 * scale  # a tie: the simulation rounds it to 4 steps (half to even)
+    x[0, 2] = 2.2 * scale  # far from one: 2 steps, whichever runtime
+    run = VerifyRun(simulation_copy(qmodel), [x], simulate(simulation_copy(qmodel), [x]), True, 1, True, False)
+    quantized = run.free.quantized[entry.quantizer, 0]
+    assert quantized[0, 1] == np.float32(4 * scale) and quantized[0, 2] == np.float32(2 * scale)
+    layer = qmodel.get_submodule("0")
+    weight = layer.weight_fake_quant(layer.weight).detach().numpy()  # the deployed (quantized) weight
+    output = result.output_names[0]
+
+    def judged(column: int, steps: int) -> HostReport:
+        served = run.free.outputs[0].copy()  # a runtime's output: that input one step off, through the Linear
+        served[0] += steps * scale * weight[:, column]
+        values = {"x_q": quantized, output: served}
+        report = compare(HostReport("openvino_onnx", "runtime"), values, result.table, {tensor: "x_q"}, run, [output])
+        assert report.local_outputs[output].float_mismatch()  # 1 step at the input moves the output beyond 0.1%
+        return explain_ties(report, values, result.table, {tensor: "x_q"}, run, [output])
+
+    assert not judged(1, -1).diverging(1)  # the tie rounded down: explained
+    assert judged(1, +1).diverging(1)  # 5 steps is no rounding of 3.5
+    assert judged(2, +1).diverging(1)  # 2.2 rounds to 2 on any runtime
+
+
+def test_openvino_leaving_out_a_rounding_before_a_fused_add_is_measured_tensor_by_tensor(tmp_path):
+    """``x0 + conv(x1)``, both quantized, then a Linear: OpenVINO's CPU plugin fuses the Add into the convolution
+    and clamps the convolution's output without rounding it (measured on OpenVINO 2026.4); each quantized tensor
+    stays within one step of the simulation, and verify passes."""
+    graph = generate(108, "image")
+    qmodel = prepare_by_platform(graph.build(), "openvino", host_config("openvino"))
+    enable_calibration(qmodel)
+    with torch.no_grad():
+        for batch in graph.calibration_batches():
+            qmodel(*batch)
+    enable_quantization(qmodel)
+    result = convert_deploy(qmodel, "openvino", dummy_input=graph.batch(0), output_path=tmp_path)
+    report = verify_deploy(qmodel, result, graph.verify_inputs(1.0))
+    assert report.passed, report.failures()
+    host = report.artifacts["openvino_onnx"].host
+    measured = {name: d for name, d in host.per_tensor.items() if name.endswith("(as written)")}
+    assert all(d.max_lsb_diff is not None and d.max_lsb_diff <= 1 for d in measured.values()), measured
