@@ -187,8 +187,51 @@ class CeilModePools(nn.Module):
         return self.c2(self.p1(y)), self.c3(self.p2(y)), self.c3(F.pad(y, (1, 2, 0, 1)))
 
 
+class DilatedSameUnknownSize(nn.Module):
+    """``padding="same"`` with dilations after a reflect pad, whose output size ONNX shape inference leaves unknown:
+    stride 1 pads by the kernel's reach whatever the size."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1 = nn.Conv2d(3, 4, 3, dilation=2, padding="same")
+
+    def forward(self, x):
+        return self.c1(F.pad(x, (1, 0, 1, 1), mode="reflect"))
+
+
+class MovedimThenShape(nn.Module):
+    """A Linear over channels through ``movedim(1, -1)`` / ``movedim(-1, 1)``, then a reshape by ``x.shape[0]``:
+    torch's exporter writes negative Transpose axes and folds shapes computed from them into constants."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc, self.conv = nn.Linear(3, 4), nn.Conv2d(4, 4, 1)
+
+    def forward(self, x):
+        y = torch.movedim(self.fc(torch.movedim(x, 1, -1)), -1, 1)
+        y = y.reshape(-1, 4, 64)
+        return self.conv(y.reshape(y.shape[0], 4, 8, 8))
+
+
+class ViewAfterInterpolate(nn.Module):
+    """An interpolated tensor scaled per channel, then ``view``: the integer reference returns the interpolation in
+    another memory layout, which the simulation fed with it must not keep."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = nn.Conv2d(3, 3, 1)
+
+    def forward(self, x):
+        y = F.interpolate(x, size=(4, 8), mode="bilinear")
+        y = y * torch.sigmoid(self.gate(F.adaptive_avg_pool2d(y, 1)))
+        return y.view(-1, 3, 32).softmax(-1)
+
+
 CASES = {
     "ceil_mode_pools": (CeilModePools, 1),
+    "dilated_same_unknown_size": (DilatedSameUnknownSize, 1),
+    "movedim_then_shape": (MovedimThenShape, 1),
+    "view_after_interpolate": (ViewAfterInterpolate, 1),
     "dilated_same": (DilatedSame, 1),
     "constant_operands": (ConstantOperands, 1),
     "dead_branch": (DeadBranch, 1),

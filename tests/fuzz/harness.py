@@ -155,13 +155,14 @@ def _run_openvino(path: str, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
     from openvino import Core  # optional runtime: loaded only for deployments that write its model
 
     compiled = Core().compile_model(path, "CPU")
-    names = [port.get_any_name() for port in compiled.inputs]
-    unknown = [name for name in names if name not in feeds]
-    if unknown:
+    # a port has every name of its tensor (an input read only by a Reshape is also the Reshape's output)
+    names = [next((n for n in sorted(port.get_names()) if n in feeds), None) for port in compiled.inputs]
+    if None in names:
+        shown = [sorted(port.get_names()) for port in compiled.inputs]
         raise ArtifactMismatchError(
-            f"the artifact takes inputs {unknown}, which are not the deployment's inputs {list(feeds)}"
+            f"the artifact takes inputs {shown}, which are not the deployment's inputs {list(feeds)}"
         )
-    values = compiled({name: feeds[name] for name in names})
+    values = compiled({name: feeds[name] for name in names if name is not None})
     return [np.asarray(values[port]) for port in compiled.outputs]
 
 

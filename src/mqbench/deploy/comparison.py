@@ -227,8 +227,10 @@ def simulate(
                     output = args[0].detach().float().clamp(*unrounded[key]).to(output.dtype)
                 records[key] = output.detach().float().numpy().copy()
                 if forced is not None and key in forced and forced[key].size == output.numel():
-                    # A copy: an in-place op after the quantizer must not write into the runtime's values.
-                    return torch.tensor(forced[key], dtype=output.dtype).reshape(output.shape)
+                    # A copy (an in-place op after the quantizer must not write into the runtime's values), laid out
+                    # in memory as the simulation's own tensor (a ``view`` after it may need that layout).
+                    value = torch.from_numpy(np.ascontiguousarray(forced[key])).reshape(output.shape)
+                    return torch.empty_like(output).copy_(value)
                 return output if unrounded is not None and key in unrounded else None
 
             handles.append(module.register_forward_hook(hook))

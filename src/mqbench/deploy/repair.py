@@ -102,16 +102,21 @@ def _explicit_pads(model: onnx.ModelProto) -> None:
                 kernel = list(initializers[node.input[1]].dims[2:])
         else:
             kernel = list(attributes["kernel_shape"].ints)
-        sizes = [d for d in spatial if d is not None]
-        if not sizes or len(sizes) != len(spatial) or kernel is None:
-            continue  # a dynamic size: the runtime's own SAME padding stays
-        rank = len(sizes)
+        if kernel is None:
+            continue
+        rank = len(kernel)
         strides = list(attributes["strides"].ints) if "strides" in attributes else [1] * rank
         dilations = list(attributes["dilations"].ints) if "dilations" in attributes else [1] * rank
+        sizes: list[int | None] = list(spatial) if len(spatial) == rank else [None] * rank
+        if None in sizes and any(stride != 1 for stride in strides):
+            continue  # a size not known and a stride: the padding depends on the size; the runtime's own stays
         upper = attributes["auto_pad"].s == b"SAME_UPPER"
         begin, end = [], []
         for size, k, stride, dilation in zip(sizes, kernel, strides, dilations, strict=True):
-            total = max((-(-size // stride) - 1) * stride + (k - 1) * dilation + 1 - size, 0)
+            if size is None:  # stride 1 (torch's padding="same"): the padding is the kernel's reach, whatever the size
+                total = (k - 1) * dilation
+            else:
+                total = max((-(-size // stride) - 1) * stride + (k - 1) * dilation + 1 - size, 0)
             small, large = total // 2, total - total // 2
             begin.append(small if upper else large)
             end.append(large if upper else small)

@@ -15,7 +15,7 @@ import io
 import logging
 import tempfile
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -102,7 +102,12 @@ def export_marked(
             kwargs["dynamic_axes"] = dynamic_axes
         if not dynamo:
             kwargs.setdefault("opset_version", 17)
-        with tempfile.TemporaryDirectory() as folder, warnings.catch_warnings(), _quiet_exporter_logs():
+        with (
+            tempfile.TemporaryDirectory() as folder,
+            warnings.catch_warnings(),
+            _quiet_exporter_logs(),
+            _positive_axes(None if dynamo else kwargs["opset_version"]),
+        ):
             warnings.simplefilter("ignore")
             path = Path(folder) / "marked.onnx"
             torch.onnx.export(wrapper, args, str(path), **kwargs)
@@ -140,6 +145,55 @@ def _quiet_exporter_logs() -> Iterator[None]:
     finally:
         for logger, level in zip(loggers, levels, strict=True):
             logger.setLevel(level)
+
+
+def _transpose(g: Any, x: Any, perm: list[int]) -> Any:
+    return x if perm == list(range(len(perm))) else g.op("Transpose", x, perm_i=perm)
+
+
+def _permute(g: Any, x: Any, dims: list[int]) -> Any:
+    return _transpose(g, x, [d % len(dims) for d in dims])
+
+
+def _movedim(g: Any, x: Any, source: Tensor, destination: Tensor) -> Any:
+    from torch.onnx import symbolic_helper
+
+    rank = symbolic_helper._get_tensor_rank(x)
+    if rank is None:
+        raise NotImplementedError("torch.movedim on a tensor whose rank the ONNX exporter does not know")
+    moved = [int(d) % rank for d in source.view(-1).tolist()]
+    placed = [int(d) % rank for d in destination.view(-1).tolist()]
+    perm: list[int | None] = [None] * rank
+    for src, dst in zip(moved, placed, strict=True):
+        perm[dst] = src
+    rest = iter(d for d in range(rank) if d not in moved)
+    return _transpose(g, x, [next(rest) if p is None else p for p in perm])
+
+
+@contextlib.contextmanager
+def _positive_axes(opset: int | None) -> Iterator[None]:
+    """While exporting with TorchScript (``opset`` given), write ``permute`` and ``movedim`` with positive axes.
+
+    torch's own rules copy negative axes into the Transpose's ``perm`` (``x.movedim(-1, 1)`` writes
+    ``perm=[0, -1, 1, 2]``): the file is invalid, and the exporter folds shapes computed from the wrong
+    permutation into constants (a later ``x.reshape(x.shape[0], ...)`` reshapes to a batch of 32 for 2).
+    """
+    if opset is None:
+        yield
+        return
+    from torch.onnx import symbolic_helper
+
+    rules: dict[str, Callable[..., Any]] = {
+        "aten::permute": symbolic_helper.parse_args("v", "is")(_permute),
+        "aten::movedim": symbolic_helper.parse_args("v", "t", "t")(_movedim),
+    }
+    for name, rule in rules.items():
+        torch.onnx.register_custom_op_symbolic(name, rule, opset)
+    try:
+        yield
+    finally:
+        for name in rules:
+            torch.onnx.unregister_custom_op_symbolic(name, opset)
 
 
 def _resolve(name: str, producers: Mapping[str, onnx.NodeProto]) -> str:

@@ -303,7 +303,7 @@ def _divisors(node: onnx.NodeProto, shape: list[int | None] | None) -> int | Non
 
 
 def _exact_averages(graph: onnx.GraphProto, shapes: Mapping[str, list[int | None]]) -> None:
-    """Give an average pool of a quantized tensor a FakeQuantize that holds its averages exactly, unless one
+    """Give an AveragePool of a quantized tensor a FakeQuantize that holds its averages exactly, unless one
     FakeQuantize alone reads it.
 
     OpenVINO's CPU plugin averages an int8 tensor into int8, rounded to the input's grid, unless a
@@ -315,13 +315,17 @@ def _exact_averages(graph: onnx.GraphProto, shapes: Mapping[str, list[int | None
     producers = {output: node for node in graph.node for output in node.output}
     users = consumers_of(graph)
     taken = all_names(graph)
+    outputs = {value.name for value in graph.output}
     added: list[onnx.NodeProto] = []
     for node in graph.node:
-        fake = producers.get(node.input[0]) if node.op_type in ("AveragePool", "GlobalAveragePool") else None
+        # (not a GlobalAveragePool: served exactly as written, and off by up to a step given this FakeQuantize)
+        fake = producers.get(node.input[0]) if node.op_type == "AveragePool" else None
         if fake is None or fake.op_type != "FakeQuantize" or fake.domain != FAKE_QUANTIZE_DOMAIN:
             continue
         readers = users.get(node.output[0], [])
         if len(readers) == 1 and readers[0].op_type == "FakeQuantize" and readers[0].domain == FAKE_QUANTIZE_DOMAIN:
+            continue
+        if node.output[0] in outputs:  # served exactly as a network output; with this FakeQuantize, a step off
             continue
         divisor = _divisors(node, shapes.get(fake.input[0]))
         levels_in = next((a.i for a in fake.attribute if a.name == "levels"), 256)
