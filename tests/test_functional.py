@@ -39,7 +39,12 @@ def test_qparams_formula_and_zero_exact(lo, hi, qrange, symmetric):
         expected = hi_ / np.float32(quant_max)
     else:
         expected = (hi_ - lo_) / np.float32(quant_max - quant_min)
-    expected = 1.0 if expected == 0 else max(expected, EPS)  # nothing on the grid's side of zero: scale 1
+    if expected == 0:  # nothing on the grid's side of zero: the range [0, 1]
+        if symmetric and quant_min < 0:
+            expected = 1 / np.float32((quant_max - quant_min) / 2)
+        else:
+            expected = 1 / np.float32(quant_max if symmetric else quant_max - quant_min)
+    expected = max(expected, EPS)
     assert scale.shape == (1,) and zero_point.shape == (1,) and zero_point.dtype == torch.int32
     assert scale.item() == pytest.approx(expected, rel=1e-6)
     assert quant_min <= zero_point.item() <= quant_max

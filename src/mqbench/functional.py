@@ -62,6 +62,14 @@ def round_pot(scale: Tensor) -> Tensor:
     return torch.pow(2.0, torch.round(torch.log2(scale)))
 
 
+def _range_scale(min_neg: Tensor, max_pos: Tensor, quant_min: int, quant_max: int, symmetric: bool) -> Tensor:
+    if symmetric:
+        if quant_min < 0:
+            return torch.maximum(-min_neg, max_pos) / ((quant_max - quant_min) / 2)
+        return max_pos / quant_max
+    return (max_pos - min_neg) / (quant_max - quant_min)
+
+
 def qparams_from_range(
     min_val: Tensor,
     max_val: Tensor,
@@ -78,26 +86,22 @@ def qparams_from_range(
     ``max(|min|, |max|)`` with ``(quant_max - quant_min) / 2`` steps, an
     unsigned one (``quant_min >= 0``) covers ``[0, max]`` with ``quant_max``
     steps. A range with nothing on the grid's side of zero (an all-zero tensor:
-    a ReLU no calibration input opened, a pruned weight channel) gets scale 1:
-    any scale holds its values exactly, and 1, unlike a floor near zero, keeps a
-    bias quantized at ``input_scale * weight_scale`` within int32 (at 1.2e-7 a
-    bias of 0.3 needs 2**31 steps). Other scales are floored at ``eps`` and, with
-    ``pot_scale``, rounded to a power of two in the log domain.
+    a ReLU no calibration input opened, a pruned weight channel) is taken as
+    ``[0, 1]``: any scale holds its values exactly, and that one keeps a bias
+    quantized at ``input_scale * weight_scale`` within int32 (at a floor of
+    1.2e-7 a bias of 0.3 needs 2**31 steps) and on a grid fine enough that
+    rounding it changes nothing visible (at scale 1 the bias grid is the weight
+    scale). Other scales are floored at ``eps`` and, with ``pot_scale``, rounded
+    to a power of two in the log domain.
 
     Works elementwise on any shape (0-d for per-tensor, ``[C]`` per channel);
     returns float32 scales of at least one dimension and int32 zero points.
     """
     min_neg = torch.clamp(min_val.float(), max=0.0)
     max_pos = torch.clamp(max_val.float(), min=0.0)
-    if symmetric:
-        if quant_min < 0:
-            amax = torch.maximum(-min_neg, max_pos)
-            scale = amax / ((quant_max - quant_min) / 2)
-        else:
-            scale = max_pos / quant_max
-    else:
-        scale = (max_pos - min_neg) / (quant_max - quant_min)
-    scale = torch.where(scale == 0, torch.ones_like(scale), torch.clamp(scale, min=eps))
+    scale = _range_scale(min_neg, max_pos, quant_min, quant_max, symmetric)
+    unit = _range_scale(torch.zeros_like(min_neg), torch.ones_like(max_pos), quant_min, quant_max, symmetric)
+    scale = torch.where(scale == 0, unit, torch.clamp(scale, min=eps))
     if pot_scale:
         scale = round_pot(scale)
     if symmetric:

@@ -165,8 +165,8 @@ def freeze_quantizers(model: nn.Module) -> nn.Module:
     if degenerate:
         warnings.warn(
             f"{len(degenerate)} activation quantizer(s) saw only zeros in calibration: {', '.join(degenerate[:5])}. "
-            "Their range has no width, so their scale is set to 1 (any scale holds zeros; 1 keeps a bias quantized "
-            "at that scale within int32): other values are rounded to whole numbers. Calibrate on representative "
+            "Their range has no width, so it is taken as [0, 1] (any scale holds zeros; that one keeps a bias "
+            "quantized at its scale within int32): other values are clipped to it. Calibrate on representative "
             "data (not zeros) if these tensors carry values in use",
             stacklevel=3,
         )
@@ -176,7 +176,7 @@ def freeze_quantizers(model: nn.Module) -> nn.Module:
 
 
 def _degenerate(name: str, quantizer: QuantizeBase) -> list[str]:
-    """``name`` where calibration saw only zeros (a range of no width: qparams_from_range gives it scale 1)."""
+    """``name`` where calibration saw only zeros (a range of no width: qparams_from_range takes it as [0, 1])."""
     post = quantizer.activation_post_process
     low, high = getattr(post, "min_val", None), getattr(post, "max_val", None)
     if not isinstance(low, Tensor) or not isinstance(high, Tensor) or not low.numel():

@@ -76,9 +76,9 @@ class TqtFakeQuantize(QuantizeBase):
         with torch.no_grad():
             if self.log2_threshold.shape != amax.shape:
                 self.log2_threshold.data = torch.empty_like(amax)
-            # an all-zero range: the threshold of scale 1 (qparams_from_range's convention)
-            unit = torch.full_like(amax, float(self._levels_per_threshold))
-            self.log2_threshold.copy_(torch.log2(torch.where(amax == 0, unit, amax.clamp(min=EPS))))
+            # an all-zero range is taken as [0, 1] (qparams_from_range's convention)
+            amax = torch.where(amax == 0, torch.ones_like(amax), amax.clamp(min=EPS))
+            self.log2_threshold.copy_(torch.log2(amax))
 
     def quantize(self, x: Tensor) -> Tensor:
         scale = self._scale()

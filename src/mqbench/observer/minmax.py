@@ -47,8 +47,8 @@ def _symmetric_pot_exponent(amax: Tensor, quant_max: int, eps: float) -> Tensor:
 
     In fixed-point terms this is ``-fix_pos`` with ``fix_pos = floor(log2(quant_max / amax))``.
     """
-    exponent = torch.ceil(torch.log2(torch.clamp(amax, min=eps) / quant_max))
-    return torch.where(amax == 0, torch.zeros_like(exponent), exponent)  # an all-zero tensor: scale 1
+    amax = torch.where(amax == 0, torch.ones_like(amax), amax)  # an all-zero tensor: the range [0, 1]
+    return torch.ceil(torch.log2(torch.clamp(amax, min=eps) / quant_max))
 
 
 class MinMaxFloorObserver(ObserverBase):

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from mqbench.functional import bits_of_range, round_pot
+from mqbench.functional import bits_of_range, qparams_from_range, round_pot
 from mqbench.observer.base import ObserverBase, row_min_max
 
 __all__ = ["ClipStdObserver", "EMAQuantileObserver", "LSQObserver", "LSQPlusObserver"]
@@ -160,8 +160,11 @@ class _ScaleInitObserver(ObserverBase):
         if not self.calibrated:
             return super().calculate_qparams()
         scale = self._initial_scale().float()
-        # qparams_from_range's convention: an all-zero tensor gets scale 1, other scales are floored at eps
-        scale = torch.where(scale == 0, torch.ones_like(scale), scale.clamp(min=self.eps))
+        # qparams_from_range's convention: an all-zero tensor is taken as [0, 1], other scales are floored at eps
+        unit, _ = qparams_from_range(
+            torch.zeros_like(scale), torch.ones_like(scale), self.quant_min, self.quant_max, self.symmetric
+        )
+        scale = torch.where(scale == 0, unit.reshape(scale.shape), scale.clamp(min=self.eps))
         if self.pot_scale:
             scale = round_pot(scale)
         scale = scale.reshape(-1)
