@@ -216,6 +216,20 @@ class PoolReadTwice(nn.Module):
         return self.head(pooled) * pooled.mean((1, 2, 3), keepdim=True)
 
 
+class ClipThenPaddedConv(nn.Module):
+    """``hardtanh`` read by a padded convolution: the clip folded into its FakeQuantize narrows the grid (-1 rounds
+    to -127 steps of a 2/255 grid), which the convolution must still read as the full int8 grid."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem, self.head = nn.Conv2d(3, C, 3, padding=1), nn.Conv2d(C, 4, 3, padding=2, dilation=2)
+        with torch.no_grad():
+            self.stem.weight.mul_(4)  # beyond [-1, 1]: the hardtanh output spans it
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(F.hardtanh(F.interpolate(self.stem(x), scale_factor=0.5, mode="nearest")))
+
+
 def deployed(model: nn.Module, tmp_path):
     torch.manual_seed(0)
     qmodel = prepare_by_platform(model.eval(), "openvino", host_config("openvino"))
@@ -238,6 +252,7 @@ CASES = {
     "padded ceil-mode pool and zero pad": PaddedCeilPool,
     "scaled average pool": ScaledPool,
     "average pool read twice": PoolReadTwice,
+    "clip then padded conv": ClipThenPaddedConv,
 }
 
 

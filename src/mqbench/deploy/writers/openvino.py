@@ -161,11 +161,15 @@ def _clip_into_fake_quantize(graph: onnx.GraphProto, table: QParamTable) -> None
     that tensor's grid: ``hardtanh`` after a quantized max pool (grid step 0.0265) clips at 37 steps, 0.980,
     not 1.0. Quantizing the clipped value onto a grid is quantizing the value onto the integers from
     ``q(low)`` to ``q(high)`` of that grid, which a FakeQuantize of that many levels over those limits holds.
+    The layers after it read a copy of the original FakeQuantize (the same grid: the values pass unchanged): a
+    grid of 255 levels, say, the plugin keeps as unsigned values around a zero point of 127, and pads them in a
+    convolution with the unsigned zero, 127 steps off.
     """
     constants = _constant_values(graph)
     producers = {output: node for node in graph.node for output in node.output}
     taken = all_names(graph)
-    for node in graph.node:
+    copies: list[onnx.NodeProto] = []
+    for node in list(graph.node):
         if node.op_type != "FakeQuantize" or node.domain != FAKE_QUANTIZE_DOMAIN or node.input[0] not in table:
             continue
         clip = producers.get(node.input[0])
@@ -180,10 +184,14 @@ def _clip_into_fake_quantize(graph: onnx.GraphProto, table: QParamTable) -> None
         for tag, level in (("low", span[0]), ("high", span[1])):
             names.append(unique_name(f"{node.input[0]}_clipped_fq_{tag}", taken))
             graph.initializer.append(constant(names[-1], np.array((level - zero_point) * scale, np.float32)))
+        output = node.output[0]
+        copies.append(_fake_quantize_copy(node, unique_name(f"{output}_clipped", taken), output, taken))
         node.input[:] = [clip.input[0], names[0], names[1], names[0], names[1]]
+        node.output[0] = copies[-1].input[0]
         kept = [a for a in node.attribute if a.name != "levels"]
         del node.attribute[:]
         node.attribute.extend([*kept, helper.make_attribute("levels", span[1] - span[0] + 1)])
+    graph.node.extend(copies)  # (to_openvino sorts the nodes)
 
 
 def _fake_quantize_copy(fake: onnx.NodeProto, source: str, output: str, taken: set[str]) -> onnx.NodeProto:
