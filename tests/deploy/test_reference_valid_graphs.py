@@ -76,7 +76,7 @@ def deploy(model: nn.Module, backend: str, tmp_path, calibration: str = "randn")
     enable_calibration(qmodel)
     with torch.no_grad():
         for _ in range(3):
-            qmodel(torch.zeros(SHAPE) if calibration == "zeros" else torch.randn(SHAPE))
+            qmodel(torch.randn(SHAPE) * (1e-7 if calibration == "tiny" else 1.0))
     enable_quantization(qmodel)
     x = torch.randn(SHAPE, generator=torch.Generator().manual_seed(1))
     with warnings.catch_warnings():
@@ -109,14 +109,15 @@ def test_qlinear_file_is_valid_and_all_integer(model, tmp_path):
 
 
 @pytest.mark.parametrize("backend", ["vitis", "pplcuda"])
-def test_int32_overflow_after_zero_calibration_is_a_failed_verdict_naming_node_and_cause(backend, tmp_path):
-    """All-zero calibration gives the input a degenerate scale: the bias on the accumulator scale needs more than
-    32 bits. Verify reports it (the reference saturates the int32 accumulator) and never raises."""
-    qmodel, result, x = deploy(BiasedConvNet(), backend, tmp_path, calibration="zeros")
+def test_int32_overflow_after_near_zero_calibration_is_a_failed_verdict_naming_node_and_cause(backend, tmp_path):
+    """Calibration on values of about 1e-7 puts the input's scale at its floor: the bias on the accumulator scale
+    needs more than 32 bits. Verify reports it (the reference saturates the int32 accumulator) and never raises.
+    (All-zero calibration no longer does this: a range of zeros is taken as [0, 1].)"""
+    qmodel, result, x = deploy(BiasedConvNet(), backend, tmp_path, calibration="tiny")
     input_scale = float(result.table[result.input_names[0]].scale[0])
     weight_scale = float(np.max(result.table["conv.weight"].scale))
     assert 0.5 / (input_scale * weight_scale) > 2**31  # the bias alone leaves the int32 range
-    with pytest.warns(AccumulatorOverflowWarning, match=r"'/conv/Conv' \(Conv\).*zero range") as caught:
+    with pytest.warns(AccumulatorOverflowWarning, match=r"'/conv/Conv' \(Conv\).*near-zero inputs") as caught:
         report = verify_deploy(qmodel, result, x, reference=True)
     assert "int32" in str(caught[0].message)
     assert not report.passed

@@ -142,7 +142,9 @@ def test_embedding_quantizes_each_row(reference):
     layer, qat, x = make("Embedding", reference)
     qat(x)
     row_max = layer.weight.detach().abs().amax(dim=1)
-    torch.testing.assert_close(qat.weight_fake_quant.scale, row_max / 127)
+    # the padding row is all zeros: its range is taken as [0, 1] (a scale of 1 / 127 on [-127, 127])
+    expected = torch.where(row_max == 0, torch.full_like(row_max, 1.0), row_max) / 127
+    torch.testing.assert_close(qat.weight_fake_quant.scale, expected)
     assert qat.to_float().padding_idx == 0
 
 

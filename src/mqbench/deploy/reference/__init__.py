@@ -35,7 +35,7 @@ partial sum is an exact integer while the reduction length stays below ``2**37``
 beyond that). An accumulator beyond the int32 range has no int32 result that equals it (and
 devices that wrap differ from each other), so it saturates at the int32 bounds, as saturating
 multiply-accumulate units do, with an :class:`AccumulatorOverflowWarning` naming the node, its
-scales and the usual cause (a degenerate scale from a calibration that saw a zero range): what
+scales and the usual cause (a scale at its floor, from a calibration that saw a near-zero range): what
 the node feeds then parts from the simulation, and a verification fails at that tensor.
 
 The integer kernels (fixed-point multiplier and requantization, exact convolution and matrix

@@ -209,7 +209,7 @@ def saturate_int32(node: onnx.NodeProto, inputs: list[Any], value: Quant, ctx: C
         f"scale {float(np.min(value.scale)):.3g} (the operands' scales: {', '.join(operands) or 'none'}); "
         f"the integer reference saturates it at int32, so {node.output[0]!r} and what it feeds differ from the "
         "simulation. A scale this small against the values (or the bias) usually comes from a calibration that "
-        "saw a zero range, e.g. all-zero data: calibrate on representative inputs."
+        "saw a far narrower range than the data, e.g. near-zero inputs: calibrate on representative inputs."
     )
     ctx.overflows[name] = message
     warnings.warn(message, AccumulatorOverflowWarning, stacklevel=4)
