@@ -229,7 +229,7 @@ def simulate(
                 if forced is not None and key in forced and forced[key].size == output.numel():
                     # A copy (an in-place op after the quantizer must not write into the runtime's values), laid out
                     # in memory as the simulation's own tensor (a ``view`` after it may need that layout).
-                    value = torch.from_numpy(np.ascontiguousarray(forced[key])).reshape(output.shape)
+                    value = torch.from_numpy(np.array(forced[key], order="C")).reshape(output.shape)  # (writable)
                     return torch.empty_like(output).copy_(value)
                 return output if unrounded is not None and key in unrounded else None
 
