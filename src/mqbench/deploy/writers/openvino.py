@@ -285,12 +285,9 @@ def _scale_before_pool(graph: onnx.GraphProto) -> None:
 
 
 def _divisors(node: onnx.NodeProto, shape: list[int | None] | None) -> int | None:
-    """A common multiple of every count an average pool divides a window's sum by; None where unknown."""
+    """A common multiple of every count an AveragePool divides a window's sum by; None where unknown."""
     attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
     spatial = (shape or [])[2:]
-    if node.op_type == "GlobalAveragePool":
-        known = [int(v) for v in spatial if v is not None]
-        return math.prod(known) if known and len(known) == len(spatial) else None
     kernel = list(attrs.get("kernel_shape", []))
     rank = len(kernel)
     pads = list(attrs.get("pads", [0] * 2 * rank))
