@@ -230,6 +230,19 @@ class ClipThenPaddedConv(nn.Module):
         return self.head(F.hardtanh(F.interpolate(self.stem(x), scale_factor=0.5, mode="nearest")))
 
 
+class TokenMean(nn.Module):
+    """Tokens through a Linear, scaled, averaged over the sequence (``mean(dim=1)``, ``keepdims=0``), then a Linear:
+    OpenVINO serves the mean's FakeQuantize steps off unless the reduction keeps its dimensions."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed, self.head = nn.Linear(3, 8), nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        tokens = self.embed(x.flatten(2).transpose(1, 2))
+        return self.head((tokens * 0.5).mean(dim=1))
+
+
 def deployed(model: nn.Module, tmp_path):
     torch.manual_seed(0)
     qmodel = prepare_by_platform(model.eval(), "openvino", host_config("openvino"))
@@ -253,6 +266,7 @@ CASES = {
     "scaled average pool": ScaledPool,
     "average pool read twice": PoolReadTwice,
     "clip then padded conv": ClipThenPaddedConv,
+    "mean over tokens": TokenMean,
 }
 
 

@@ -352,6 +352,44 @@ def _exact_averages(graph: onnx.GraphProto, shapes: Mapping[str, list[int | None
     graph.node.extend(added)
 
 
+def _reductions_keep_dims(graph: onnx.GraphProto, shapes: Mapping[str, list[int | None]]) -> None:
+    """A reduction with ``keepdims=0`` that a FakeQuantize reads keeps its dimensions, then a Squeeze drops them.
+
+    OpenVINO's CPU plugin computes ``ReduceMean(axes=[1], keepdims=0) -> FakeQuantize`` after an int8
+    MatMul off by up to 7 steps in the file as written (the same mean with ``keepdims=1`` is exact).
+    """
+    users = consumers_of(graph)
+    constants = _constant_values(graph)
+    taken = all_names(graph)
+    nodes: list[onnx.NodeProto] = []
+    for node in graph.node:
+        nodes.append(node)
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        readers = users.get(node.output[0], []) if node.op_type.startswith("Reduce") else []
+        if attrs.get("keepdims", 1) or not any(r.op_type == "FakeQuantize" for r in readers):
+            continue
+        axes = attrs.get("axes")
+        if axes is None and len(node.input) > 1 and node.input[1] in constants:
+            axes = constants[node.input[1]].reshape(-1).tolist()
+        rank = len(shapes.get(node.input[0]) or [])
+        if not axes or not rank:
+            continue  # all axes, or a rank not known: left as written
+        axes_name = unique_name(f"{node.output[0]}_squeezed_axes", taken)
+        graph.initializer.append(constant(axes_name, np.array(sorted(int(a) % rank for a in axes), np.int64)))
+        output = node.output[0]
+        node.output[0] = unique_name(f"{output}_kept", taken)
+        for attribute in node.attribute:
+            if attribute.name == "keepdims":
+                attribute.i = 1
+        nodes.append(
+            helper.make_node(
+                "Squeeze", [node.output[0], axes_name], [output], name=unique_name(f"{output}_Squeeze", taken)
+            )
+        )
+    del graph.node[:]
+    graph.node.extend(nodes)
+
+
 def _pad_before_fake_quantize(graph: onnx.GraphProto) -> None:
     """A zero ``Pad`` of a FakeQuantize's output pads the float tensor instead, and quantizes it again.
 
@@ -487,6 +525,7 @@ def to_openvino(
     _explicit_pool_padding(graph)
     _scale_before_pool(graph)
     _exact_averages(graph, shapes)
+    _reductions_keep_dims(graph, shapes)
     _pad_before_fake_quantize(graph)
     topological_sort(graph)
     if all(o.domain != FAKE_QUANTIZE_DOMAIN for o in model.opset_import):
