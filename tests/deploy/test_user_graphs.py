@@ -16,6 +16,7 @@ from torch import nn
 
 from backend_configs import host_config
 from fuzz.grammar import generate
+from fuzz.harness import calibrate
 from mqbench.convert_deploy import convert_deploy
 from mqbench.deploy.onnx_graph import ort_session
 from mqbench.deploy.verify import verify_deploy
@@ -262,12 +263,7 @@ def test_verify_serves_each_file_as_a_session_loads_it(tmp_path):
     exposing the tensors verify compares stops it. Put back in the exporter's form, the file fails verify at its
     output."""
     graph = generate(56, "image")
-    qmodel = prepare_by_platform(graph.build(), "openvino", host_config("openvino"))
-    enable_calibration(qmodel)
-    with torch.no_grad():
-        for batch in graph.calibration_batches():
-            qmodel(*batch)
-    enable_quantization(qmodel)
+    qmodel = calibrate(graph, prepare_by_platform(graph.build(), "openvino", host_config("openvino")))
     result = convert_deploy(qmodel, "openvino", dummy_input=graph.batch(0), output_path=tmp_path)
     inputs = graph.verify_inputs(1.0)
     assert verify_deploy(qmodel, result, inputs).passed

@@ -15,6 +15,7 @@ from torch import nn
 
 from backend_configs import host_config
 from fuzz.grammar import generate
+from fuzz.harness import calibrate
 from mqbench.convert_deploy import convert_deploy
 from mqbench.deploy.comparison import HostReport, VerifyRun, compare, explain_ties, simulate, simulation_copy
 from mqbench.deploy.verify import verify_deploy
@@ -64,12 +65,7 @@ def test_openvino_leaving_out_a_rounding_before_a_fused_add_is_measured_tensor_b
     and clamps the convolution's output without rounding it (measured on OpenVINO 2026.4); each quantized tensor
     stays within one step of the simulation, and verify passes."""
     graph = generate(108, "image")
-    qmodel = prepare_by_platform(graph.build(), "openvino", host_config("openvino"))
-    enable_calibration(qmodel)
-    with torch.no_grad():
-        for batch in graph.calibration_batches():
-            qmodel(*batch)
-    enable_quantization(qmodel)
+    qmodel = calibrate(graph, prepare_by_platform(graph.build(), "openvino", host_config("openvino")))
     result = convert_deploy(qmodel, "openvino", dummy_input=graph.batch(0), output_path=tmp_path)
     report = verify_deploy(qmodel, result, graph.verify_inputs(1.0))
     assert report.passed, report.failures()

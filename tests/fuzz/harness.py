@@ -53,6 +53,7 @@ __all__ = [
     "STATUSES",
     "ArtifactMismatchError",
     "CaseResult",
+    "calibrate",
     "check_artifacts",
     "classify_error",
     "ort_session",
@@ -240,6 +241,16 @@ def prepare_config(backend: str) -> dict | None:
     return host_config(backend)
 
 
+def calibrate(graph: FuzzGraph, qmodel: nn.Module) -> nn.Module:
+    """Calibrate ``qmodel`` (prepared from ``graph``) on the graph's calibration batches; quantization on."""
+    enable_calibration(qmodel)
+    with torch.no_grad():
+        for batch in graph.calibration_batches():
+            qmodel(*batch)
+    enable_quantization(qmodel)
+    return qmodel
+
+
 def run_case(graph: FuzzGraph, backend: str, verify_scale: float = 1.0, folder: str | None = None) -> CaseResult:
     """Prepare, calibrate, deploy, verify and check ``graph`` on ``backend``; never raises for the model's sake.
 
@@ -262,11 +273,7 @@ def _run_case(graph: FuzzGraph, backend: str, verify_scale: float, folder: str |
         try:
             qmodel = prepare_by_platform(graph.build(), backend, prepare_custom_config_dict=prepare_config(backend))
             stage = "calibrate"
-            enable_calibration(qmodel)
-            with torch.no_grad():
-                for batch in graph.calibration_batches():
-                    qmodel(*batch)
-            enable_quantization(qmodel)
+            calibrate(graph, qmodel)
             stage = "deploy"
             result = convert_deploy(qmodel, backend, dummy_input=graph.batch(0), output_path=tmp)
             stage = "verify"

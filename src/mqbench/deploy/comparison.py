@@ -330,6 +330,14 @@ def host_like(report: ArtifactReport, host: HostReport) -> HostReport:
     return host
 
 
+def _runtime_values(
+    values: Mapping[str, np.ndarray], table: QParamTable, exposed: Mapping[str, str]
+) -> tuple[dict[str, tuple[str, int]], dict[tuple[str, int], np.ndarray]]:
+    """Tensor -> its quantizer call, and each call -> the runtime's value of its tensor (where exposed)."""
+    keys = {tensor: (entry.quantizer, int(entry.extra.get("call", 0))) for tensor, entry in table.items()}
+    return keys, {keys[t]: values[exposed[t]] for t in table if t in exposed and exposed[t] in values}
+
+
 def compare(
     report: _Report,
     values: Mapping[str, np.ndarray],
@@ -338,8 +346,7 @@ def compare(
     run: VerifyRun,
     output_names: Sequence[str],
 ) -> _Report:
-    keys = {tensor: (entry.quantizer, int(entry.extra.get("call", 0))) for tensor, entry in table.items()}
-    forced = {keys[t]: values[exposed[t]] for t in table if t in exposed and exposed[t] in values}
+    keys, forced = _runtime_values(values, table, exposed)
     sim = simulate(run.model, run.inputs, forced)
     for tensor, entry in table.items():
         key = keys[tensor]
@@ -392,8 +399,7 @@ def explain_ties(
     at most ``MAX_TIE_FLIPS`` of them, is flipped in one more simulation, and an output may differ by the sum of
     the flips that move it up, or of those that move it down, beyond float32 rounding.
     """
-    keys = {tensor: (entry.quantizer, int(entry.extra.get("call", 0))) for tensor, entry in table.items()}
-    forced = {keys[t]: values[exposed[t]] for t in table if t in exposed and exposed[t] in values}
+    keys, forced = _runtime_values(values, table, exposed)
     base = simulate(run.model, run.inputs, forced, receive=set(forced))
     flips = []
     for tensor, key in keys.items():
