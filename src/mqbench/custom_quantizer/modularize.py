@@ -1,4 +1,5 @@
-"""Functional convolutions and Linears on a model's own parameters made modules before anything is swapped.
+"""Functional convolutions, Linears and batch norms on a model's own parameters made modules before anything
+is swapped.
 
 A model may call ``F.conv2d(x, self.weight, self.bias, padding=1)`` or ``F.linear(x, self.w)``
 on parameters it holds instead of an ``nn.Conv2d`` / ``nn.Linear``. Module swapping gives only
@@ -11,10 +12,19 @@ the model and whose other arguments are constants by a call to an equivalent mod
 same parameter objects, so that it is fused, swapped and given a weight quantizer like any
 other layer of its kind.
 
+Batch norms likewise: a module that subclasses ``nn.BatchNorm2d`` and adds to its forward
+(a norm with its activation in one module, as timm's ``BatchNormAct2d``) is traced into
+``F.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias, ...)``. Left
+functional, it is never folded into the convolution before it: the deployment keeps a float
+batch norm after an int8 convolution (a layout that OpenVINO's CPU plugin computes wrongly after a
+depthwise one), and the trace's constant ``training`` flag would outlive ``model.eval()``. It
+becomes a plain batch norm module on the same parameters and statistics, which follows the
+model's mode and is folded like any other.
+
 Example:
     >>> import torch
     >>> import torch.nn.functional as F
-    >>> from torch import fx, nn
+    >>> from torch import Tensor, fx, nn
     >>> class Model(nn.Module):
     ...     def __init__(self):
     ...         super().__init__()
@@ -32,7 +42,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch.nn.functional as F
-from torch import fx, nn
+from torch import Tensor, fx, nn
 
 __all__ = ["modularize"]
 
@@ -43,6 +53,8 @@ _CONVOLUTIONS: dict[Callable[..., Any], type[nn.Module]] = {
 }
 _CONV_ARGUMENTS = ("input", "weight", "bias", "stride", "padding", "dilation", "groups")
 _LINEAR_ARGUMENTS = ("input", "weight", "bias")
+_NORM_ARGUMENTS = ("input", "running_mean", "running_var", "weight", "bias", "training", "momentum", "eps")
+_NORMS: tuple[type[nn.Module], ...] = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
 
 
 def _parameter(gm: fx.GraphModule, value: Any) -> nn.Parameter | None:
@@ -55,6 +67,65 @@ def _parameter(gm: fx.GraphModule, value: Any) -> nn.Parameter | None:
     return found if isinstance(found, nn.Parameter) else None
 
 
+def _buffer(gm: fx.GraphModule, value: Any) -> Tensor | None:
+    if not isinstance(value, fx.Node) or value.op != "get_attr":
+        return None
+    try:
+        return gm.get_buffer(str(value.target))
+    except AttributeError:
+        return None
+
+
+def _norm_kind(gm: fx.GraphModule, node: fx.Node, statistics: fx.Node) -> type[nn.Module] | None:
+    """The batch norm class of ``node``: that of the module holding its statistics, else the rank of the
+    convolution module whose output it normalizes; None when neither says."""
+    owner_name = str(statistics.target).rpartition(".")[0]
+    owner = gm.get_submodule(owner_name) if owner_name else gm
+    for kind in _NORMS:
+        if isinstance(owner, kind):
+            return kind
+    source = node.args[0] if node.args else node.kwargs.get("input")
+    if isinstance(source, fx.Node) and source.op == "call_module":
+        producer = gm.get_submodule(str(source.target))
+        for conv, kind in zip((nn.Conv1d, nn.Conv2d, nn.Conv3d), _NORMS, strict=True):
+            if isinstance(producer, conv):
+                return kind
+    return None
+
+
+def _norm_module(gm: fx.GraphModule, node: fx.Node) -> nn.Module | None:
+    """A batch norm module on the statistics and affine parameters ``F.batch_norm`` reads, or None."""
+    arguments = _bound(node, _NORM_ARGUMENTS)
+    if arguments is None:
+        return None
+    mean, var = _buffer(gm, arguments.get("running_mean")), _buffer(gm, arguments.get("running_var"))
+    weight_node, bias_node = arguments.get("weight"), arguments.get("bias")
+    weight, bias = _parameter(gm, weight_node), _parameter(gm, bias_node)
+    if mean is None or var is None or (weight_node is None) != (bias_node is None):
+        return None
+    if (weight_node is not None and weight is None) or (bias_node is not None and bias is None):
+        return None
+    momentum, eps = arguments.get("momentum", 0.1), arguments.get("eps", 1e-5)
+    if not isinstance(momentum, (int, float, type(None))) or not isinstance(eps, (int, float)):
+        return None  # computed at run time
+    if not isinstance(arguments.get("training", False), bool) or mean.dim() != 1 or var.shape != mean.shape:
+        return None
+    kind = _norm_kind(gm, node, arguments["running_mean"])
+    if kind is None:
+        return None
+    owner = gm.get_submodule(str(arguments["running_mean"].target).rpartition(".")[0] or "")
+    if isinstance(owner, nn.modules.batchnorm._BatchNorm):
+        momentum = owner.momentum  # the traced value may be a cumulative-average factor of one step
+    module = kind(mean.shape[0], eps=float(eps), momentum=momentum, affine=weight is not None)
+    if weight is not None and bias is not None:
+        module.weight, module.bias = weight, bias
+    module.running_mean, module.running_var = mean, var
+    counted = getattr(owner, "num_batches_tracked", None)
+    if isinstance(counted, Tensor):
+        module.num_batches_tracked = counted
+    return module.to(mean.device)
+
+
 def _bound(node: fx.Node, names: tuple[str, ...]) -> dict[str, Any] | None:
     if len(node.args) > len(names) or any(key not in names for key in node.kwargs):
         return None
@@ -63,6 +134,8 @@ def _bound(node: fx.Node, names: tuple[str, ...]) -> dict[str, Any] | None:
 
 def _module(gm: fx.GraphModule, node: fx.Node) -> nn.Module | None:
     """The module that computes ``node`` with the model's own parameters, or None."""
+    if node.op == "call_function" and node.target is F.batch_norm:
+        return _norm_module(gm, node)
     if node.op != "call_function" or (node.target not in _CONVOLUTIONS and node.target is not F.linear):
         return None
     names = _LINEAR_ARGUMENTS if node.target is F.linear else _CONV_ARGUMENTS
@@ -105,14 +178,20 @@ def _module(gm: fx.GraphModule, node: fx.Node) -> nn.Module | None:
 
 
 def modularize(gm: fx.GraphModule) -> fx.GraphModule:
-    """Replace (in place) each functional convolution / Linear on the model's own parameters by a module."""
+    """Replace (in place) each functional convolution / Linear / batch norm on the model's own parameters by a
+    module."""
     changed = False
     for node in list(gm.graph.nodes):
         module = _module(gm, node)
         if module is None:
             continue
-        weight = node.args[1] if len(node.args) > 1 else node.kwargs["weight"]
-        base = f"{str(weight.target).replace('.', '_')}_{getattr(node.target, '__name__', 'layer')}"
+        held = (
+            node.args[1]
+            if len(node.args) > 1
+            else node.kwargs["running_mean" if isinstance(module, _NORMS) else "weight"]
+        )
+        owner = str(held.target).rpartition(".")[0] if isinstance(module, _NORMS) else str(held.target)
+        base = f"{owner.replace('.', '_') or 'model'}_{getattr(node.target, '__name__', 'layer')}"
         name, index = base, 0
         while hasattr(gm, name):
             index += 1

@@ -5,11 +5,13 @@ Each pass takes a GraphModule, edits it in place, lints and recompiles it, and r
 
 from __future__ import annotations
 
+import builtins
 import operator
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+import torch
 from torch import fx, nn
 
 from mqbench.custom_quantizer.placement import ActivationSite
@@ -18,6 +20,7 @@ from mqbench.utils.factory import Factory
 
 __all__ = [
     "delete_unused_submodules",
+    "drop_shape_assertions",
     "eliminate_dead_code",
     "fuse_patterns",
     "has_side_effects",
@@ -128,6 +131,61 @@ def has_side_effects(node: fx.Node) -> bool:
 def eliminate_dead_code(gm: fx.GraphModule) -> None:
     """Remove nodes whose results nothing reads, keeping every call with side effects."""
     gm.graph.eliminate_dead_code(is_impure_node=has_side_effects)
+
+
+# What a shape assertion reads of a tensor: its metadata, never its values.
+_METADATA_ATTRIBUTES = frozenset({"ndim", "shape", "dtype", "device", "is_cuda", "layout"})
+_METADATA_METHODS = frozenset({"size", "dim", "numel", "ndimension"})
+
+
+def _reads_metadata_only(condition: Any) -> bool:
+    """Whether ``condition`` is computed from constants and tensors' ranks, shapes and dtypes alone."""
+    stack, seen = [condition], set()
+    while stack:
+        value = stack.pop()
+        if not isinstance(value, fx.Node):
+            if isinstance(value, (list, tuple)):
+                stack.extend(value)
+            continue
+        if value in seen:
+            continue
+        seen.add(value)
+        if value.op == "call_function" and value.target is builtins.getattr:
+            if len(value.args) > 1 and value.args[1] in _METADATA_ATTRIBUTES:
+                continue
+            return False
+        if value.op == "call_method" and value.target in _METADATA_METHODS:
+            stack.extend(value.args[1:])
+            continue
+        if value.op == "call_function" and (
+            getattr(value.target, "__module__", None) in ("_operator", "operator") or value.target is builtins.len
+        ):
+            stack.extend([*value.args, *value.kwargs.values()])
+            continue
+        return False
+    return True
+
+
+def drop_shape_assertions(gm: fx.GraphModule) -> fx.GraphModule:
+    """Remove ``torch._assert`` calls whose condition reads only tensors' ranks, shapes or dtypes.
+
+    A layer that checks its input (``_assert(x.ndim == 4, ...)``) reads the output of the layer
+    before it: that extra reader keeps a convolution and the batch norm after it from being fused
+    (folded), and neither the exported graph nor a runtime keeps the check. What is left of the
+    condition is removed as dead code.
+    """
+    asserts = [
+        node
+        for node in gm.graph.nodes
+        if node.op == "call_function" and node.target is torch._assert and not node.users
+        if _reads_metadata_only(node.args[0] if node.args else node.kwargs.get("condition"))
+    ]
+    for node in asserts:
+        gm.graph.erase_node(node)
+    if asserts:
+        eliminate_dead_code(gm)
+        gm.recompile()
+    return gm
 
 
 def _finish(gm: fx.GraphModule) -> fx.GraphModule:

@@ -41,6 +41,7 @@ from torch import fx, nn
 from mqbench.custom_quantizer.functionalize import functionalize
 from mqbench.custom_quantizer.modularize import modularize
 from mqbench.custom_quantizer.passes import (
+    drop_shape_assertions,
     eliminate_dead_code,
     fuse_patterns,
     insert_activation_quantizers,
@@ -215,7 +216,7 @@ class _Record:
 def prepare_graph(gm: fx.GraphModule, front_end: FrontEnd, is_qat: bool) -> fx.GraphModule:
     """Carry out ``front_end``'s decisions on ``gm`` (fuse, swap, insert) and store the plan on it."""
     record = _Record()
-    gm = modularize(functionalize(gm))
+    gm = modularize(drop_shape_assertions(functionalize(gm)))
     eliminate_dead_code(gm)  # dead branches (made side-effect free above) would not export
     gm.recompile()
     fusers, skip = front_end.fusion()
