@@ -409,3 +409,53 @@ def test_verify_fails_on_a_file_openvino_cannot_compile(tmp_path):
     assert not report.passed and host.missing == list(result.output_names)
     assert host.cause is not None and host.cause.startswith("the file as written does not run"), host.cause
     assert "m_openvino.onnx" in host.cause
+
+
+class NormAct(nn.BatchNorm2d):
+    """A batch norm with its ReLU6, kept whole (a leaf module): a float batch norm after each convolution."""
+
+    def __init__(self, channels: int) -> None:
+        super().__init__(channels)
+        self.act = nn.ReLU6()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.act(super().forward(x))
+
+
+class DepthwiseThenNorm(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem, self.bn = nn.Conv2d(3, 16, 3, 2, 1, bias=False), NormAct(16)
+        self.dw, self.bn_dw = nn.Conv2d(16, 16, 3, 1, 1, groups=16, bias=False), NormAct(16)
+        self.head = nn.Conv2d(16, 4, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.bn_dw(self.dw(self.bn(self.stem(x)))))
+
+
+def test_a_batch_norm_after_a_depthwise_convolution_verifies(tmp_path):
+    """A float batch norm after an int8 depthwise convolution: a copy of the file that shows the convolution's
+    weights computes it wrongly (the plugin folds the norm into the shown weights), the file itself does not.
+    verify reads the file as written and quantized activations only, and the ReLU6 folded into each FakeQuantize
+    still names the tensor it quantizes."""
+    torch.manual_seed(0)
+    config = {**(host_config("openvino") or {}), "leaf_module": [NormAct]}
+    qmodel = prepare_by_platform(DepthwiseThenNorm().eval(), "openvino", config)
+    enable_calibration(qmodel)
+    with torch.no_grad():
+        for _ in range(3):
+            qmodel(torch.randn(4, 3, 32, 32))
+    enable_quantization(qmodel)
+    result = convert_deploy(qmodel, "openvino", {"x": [2, 3, 32, 32]}, output_path=tmp_path, model_name="m")
+    path = result.artifacts["openvino_onnx"]
+    assert "BatchNormalization" in {n.op_type for n in onnx.load(path).graph.node}  # kept: the case under test
+    x = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+    report = verify_deploy(qmodel, result, x)
+    assert report.passed, report.failures()
+    host = report.artifacts["openvino_onnx"].host
+    activations = [name for name, entry in result.table.items() if entry.kind != "weight"]
+    assert host is not None and set(activations) <= set(host.per_tensor), (activations, list(host.per_tensor))
+    feeds = {"x": x.numpy()}
+    served = run_openvino_file(path, feeds)["output"]
+    reference = run_exposing(fake_quantize_as_onnx(onnx.load(path)), feeds, ["output"])["output"]
+    np.testing.assert_allclose(served, reference, rtol=0, atol=1e-5 * np.abs(reference).max())

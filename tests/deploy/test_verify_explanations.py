@@ -10,6 +10,7 @@ front, measured tensor by tensor as verify measures every tensor.
 from __future__ import annotations
 
 import numpy as np
+import onnx
 import torch
 from torch import nn
 
@@ -72,3 +73,53 @@ def test_openvino_leaving_out_a_rounding_before_a_fused_add_is_measured_tensor_b
     host = report.artifacts["openvino_onnx"].host
     measured = {name: d for name, d in host.per_tensor.items() if name.endswith("(as written)")}
     assert all(d.max_lsb_diff is not None and d.max_lsb_diff <= 1 for d in measured.values()), measured
+
+
+class _ThreeStages(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b, self.c = nn.Conv2d(3, 4, 3, padding=1), nn.Conv2d(4, 4, 3, padding=1), nn.Conv2d(4, 2, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.c(torch.relu(self.b(torch.relu(self.a(x)))))
+
+
+def test_the_qdq_host_verdict_reads_the_integers_of_the_file_as_served(tmp_path, monkeypatch):
+    """The Q/DQ host verdict reads the integers each QuantizeLinear writes, from a copy whose outputs equal the
+    file's bit for bit. A tensor whose showing changes the outputs (it stops a fusion) is left out, found by
+    halving; the others are still read, and the verdict holds."""
+    from mqbench.deploy import qdq
+
+    torch.manual_seed(0)
+    qmodel = prepare_by_platform(_ThreeStages().eval(), "openvino", host_config("openvino"))
+    enable_calibration(qmodel)
+    with torch.no_grad():
+        qmodel(torch.randn(4, 3, 8, 8))
+    enable_quantization(qmodel)
+    result = convert_deploy(qmodel, "openvino", {"x": [1, 3, 8, 8]}, output_path=tmp_path)
+    x = torch.randn(1, 3, 8, 8, generator=torch.Generator().manual_seed(1))
+    path, feeds = result.artifacts["onnx"], {"x": x.numpy()}
+    sources = qdq._integer_sources(onnx.load(path), result)
+    assert len(sources) == len([e for e in result.table.values() if e.kind != "weight"]) >= 3
+    perturbing = sorted(sources)[1]
+    integer = sources[perturbing].input[0]
+    real_run_ort, seen = qdq.run_ort, []
+
+    def fused_differently(model, feeds, names, optimize, typed=True):  # showing `integer` moves the outputs
+        values = real_run_ort(model, feeds, names, optimize, typed)
+        seen.append(list(names))
+        if integer in names:
+            for name in result.output_names:
+                values[name] = values[name] + 1.0
+        return values
+
+    monkeypatch.setattr(qdq, "run_ort", fused_differently)
+    served = qdq.run_as_loaded(path, feeds, optimize=True)
+    observed = qdq._observe(onnx.load(path), feeds, result, served)
+    assert observed is not None and set(observed) == set(sources) - {perturbing}
+    assert len(seen) <= qdq.OBSERVE_SESSIONS
+    report = verify_deploy(qmodel, result, x)
+    assert report.passed, report.failures()
+    host = report.artifacts["onnx"].host
+    shown = {t for t, name in result.dequantized.items() if name in observed}
+    assert shown and shown <= set(host.per_tensor)

@@ -382,6 +382,51 @@ def _flips(entry: TensorQParams, received: np.ndarray, value: np.ndarray) -> lis
     return [(int(i), float((other[i] - zero_point) * scale)) for i in np.flatnonzero(ok)]
 
 
+def tail_quantized(
+    model: onnx.ModelProto, outputs: Sequence[str], exposed: Mapping[str, str], table: QParamTable
+) -> list[str]:
+    """The quantized activations (``exposed``: tensor -> its quantized value's name in ``model``) that the network
+    ``outputs`` are computed from with none of them between. Weights are constants, checked by the file's formula:
+    a runtime that shows one may show it folded with what follows (and compute the layer so)."""
+    quantized = [name for tensor, name in exposed.items() if table[tensor].kind != "weight"]
+    producers = {name: node for node in model.graph.node for name in node.output}
+    stops = set(quantized)
+    found: dict[str, None] = {}
+    seen: set[str] = set()
+    stack = list(outputs)
+    while stack:
+        name = stack.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        if name in stops:
+            found[name] = None
+        elif name in producers:
+            stack.extend(producers[name].input)
+    return list(found)
+
+
+def served_outputs(
+    report: _Report,
+    served: Mapping[str, np.ndarray],
+    tail: Mapping[str, np.ndarray],
+    table: QParamTable,
+    exposed: Mapping[str, str],
+    run: VerifyRun,
+    output_names: Sequence[str],
+) -> _Report:
+    """``report`` comparing the network outputs of a file as a runtime serves it (``served``: nothing exposed) with
+    the simulation fed the quantized tensors they are computed from (``tail``: from a copy that exposes only those,
+    so that the runtime fuses the rest as in the file); a near tie that the file rounds the other way is explained
+    as in :func:`explain_ties`."""
+    values = {**tail, **served}
+    shown = {tensor: name for tensor, name in exposed.items() if name in values}
+    compare(report, values, table, shown, run, output_names)
+    if report.diverging(run.tolerance):
+        explain_ties(report, values, table, shown, run, output_names)
+    return report
+
+
 def explain_ties(
     report: _Report,
     values: Mapping[str, np.ndarray],
@@ -486,15 +531,24 @@ def host_verdict(
 
 # -- runners --------------------------------------------------------------------------------------
 def run_ort(
-    model: onnx.ModelProto, feeds: Mapping[str, np.ndarray], names: Sequence[str], optimize: bool
+    model: onnx.ModelProto,
+    feeds: Mapping[str, np.ndarray],
+    names: Sequence[str],
+    optimize: bool,
+    typed: bool = True,
 ) -> dict[str, np.ndarray]:
+    """``model``'s outputs and the tensors ``names`` on onnxruntime (float32 ones; ``typed=False``: of any type)."""
     # The extra outputs are added to the caller's model for as long as the session is built (no copy).
     outputs = model.graph.output
     kept = len(outputs)
     present = {v.name for v in outputs}
     for name in dict.fromkeys(names):
         if name not in present:
-            outputs.append(helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None))
+            outputs.append(
+                helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None)
+                if typed
+                else helper.make_empty_tensor_value_info(name)
+            )
     try:
         wanted = [v.name for v in outputs]
         session = ort_session(model, optimize=optimize)

@@ -54,10 +54,11 @@ from mqbench.deploy.comparison import (
     TensorDiff,
     VerifyRun,
     compare,
-    explain_ties,
     host_verdict,
     run_ort,
+    served_outputs,
     simulate,
+    tail_quantized,
     tensor_diff,
 )
 from mqbench.deploy.onnx_graph import (
@@ -186,12 +187,17 @@ def _clip_into_fake_quantize(graph: onnx.GraphProto, table: QParamTable) -> None
             graph.initializer.append(constant(names[-1], np.array((level - zero_point) * scale, np.float32)))
         output = node.output[0]
         copies.append(_fake_quantize_copy(node, unique_name(f"{output}_clipped", taken), output, taken))
+        copies[-1].doc_string = f"{QUANTIZES}{node.input[0]}"  # the tensor it quantizes (read by verify)
         node.input[:] = [clip.input[0], names[0], names[1], names[0], names[1]]
         node.output[0] = copies[-1].input[0]
         kept = [a for a in node.attribute if a.name != "levels"]
         del node.attribute[:]
         node.attribute.extend([*kept, helper.make_attribute("levels", span[1] - span[0] + 1)])
     graph.node.extend(copies)  # (to_openvino sorts the nodes)
+
+
+# The doc string of a FakeQuantize that quantizes a tensor other than the one it reads (a Clip folded into it).
+QUANTIZES = "quantizes "
 
 
 def _fake_quantize_copy(fake: onnx.NodeProto, source: str, output: str, taken: set[str]) -> onnx.NodeProto:
@@ -538,8 +544,10 @@ def fake_quantize_outputs(model: onnx.ModelProto, table: QParamTable) -> dict[st
     found: dict[str, str] = {}
     fake = {n.output[0] for n in model.graph.node if n.op_type == "FakeQuantize" and n.domain == FAKE_QUANTIZE_DOMAIN}
     for node in model.graph.node:
-        if node.output[0] in fake and node.input[0] in table:
-            found.setdefault(node.input[0], node.output[0])
+        if node.output[0] in fake:
+            tensor = node.doc_string[len(QUANTIZES) :] if node.doc_string.startswith(QUANTIZES) else node.input[0]
+            if tensor in table:
+                found.setdefault(tensor, node.output[0])
         elif node.op_type == "Identity" and node.input[0] in fake and node.output[0] in table:
             found[node.output[0]] = node.output[0]  # a quantized network output keeps its name
     return found
@@ -750,8 +758,14 @@ def verify(result: Any, feeds: Mapping[str, np.ndarray], run: VerifyRun) -> Arti
     if run.host:
         crash = None
         outputs = set(result.output_names)
-        extra = [name for name in exposed.values() if name not in outputs]
-        tail = [name for name in _tail_quantized(model, result.output_names) if name not in outputs]
+        # weights are constants (the formula above checks them); exposing one can make the plugin compute the layer
+        # wrongly (a per-channel scale after a depthwise convolution is folded into the exposed weights)
+        extra = [
+            name for tensor, name in exposed.items() if name not in outputs and result.table[tensor].kind != "weight"
+        ]
+        tail = [
+            name for name in tail_quantized(model, result.output_names, exposed, result.table) if name not in outputs
+        ]
         try:
             served, (values, tail_values) = run_openvino_isolated(path, feeds, [extra, tail])
         except RuntimeError as error:
@@ -759,18 +773,9 @@ def verify(result: Any, feeds: Mapping[str, np.ndarray], run: VerifyRun) -> Arti
         host = compare(HostReport("openvino_onnx", "OpenVINO CPU"), values, *args)
         # the file as written: its outputs, from the quantized tensors they are computed from (a copy exposing
         # only those fuses the rest as the file does)
-        file_values = {**{name: tail_values[name] for name in tail if name in tail_values}, **served}
-        file_exposed = {tensor: name for tensor, name in exposed.items() if name in file_values}
-        as_written = compare(
-            HostReport("openvino_onnx", "OpenVINO CPU"),
-            file_values,
-            result.table,
-            file_exposed,
-            run,
-            result.output_names,
-        )
-        if as_written.diverging(run.tolerance):  # a rounding tie the file decides the other way, unseen by the copy
-            explain_ties(as_written, file_values, result.table, file_exposed, run, result.output_names)
+        tail_shown = {name: tail_values[name] for name in tail if name in tail_values}
+        as_written = served_outputs(HostReport("openvino_onnx", "OpenVINO CPU"), served, tail_shown, *args)
+        file_values = {**tail_shown, **served}
         explained = _dropped_rounding(model, result, run, file_values) if as_written.diverging(run.tolerance) else None
         if explained is not None:
             as_written.local_outputs, effect = explained
@@ -853,25 +858,6 @@ def _dropped_rounding(
             if diff.exact_fraction < 1.0:
                 effect[tensor] = diff
     return outputs, effect
-
-
-def _tail_quantized(model: onnx.ModelProto, outputs: Sequence[str]) -> list[str]:
-    """The FakeQuantize outputs the network outputs are computed from with no FakeQuantize between."""
-    producers = {name: node for node in model.graph.node for name in node.output}
-    found: dict[str, None] = {}
-    seen: set[str] = set()
-    stack = list(outputs)
-    while stack:
-        name = stack.pop()
-        node = producers.get(name)
-        if name in seen or node is None:
-            continue
-        seen.add(name)
-        if node.op_type == "FakeQuantize" and node.domain == FAKE_QUANTIZE_DOMAIN:
-            found[name] = None
-        else:
-            stack.extend(node.input)
-    return list(found)
 
 
 def serve(result: Any, threads: int = 2) -> Callable[[Mapping[str, np.ndarray]], list[np.ndarray]]:
