@@ -60,7 +60,7 @@ FLOAT_ATOL = 1e-3  # ... and the smallest range it is measured against (an all-z
 # (its own summation order, its own tanh or exp): a tanh value 1.5e-5 steps from a tie rounded the other way in
 # OpenVINO's CPU plugin; 0.01 steps is about 650x that, and holds 2% of uniformly spread values.
 TIE_STEPS = 0.01
-MAX_TIE_FLIPS = 32  # near ties explained one simulation each; beyond that, a difference stays unexplained
+MAX_TIE_FLIPS = 32  # near ties explained, one simulation each: the closest ones where there are more
 
 
 @dataclass(frozen=True)
@@ -367,8 +367,9 @@ def compare(
     return report
 
 
-def _flips(entry: TensorQParams, received: np.ndarray, value: np.ndarray) -> list[tuple[int, float]]:
-    """(flat index, the other rounding's value) of each element of ``value`` that lies near a rounding tie."""
+def _flips(entry: TensorQParams, received: np.ndarray, value: np.ndarray) -> list[tuple[float, int, float]]:
+    """(distance to the tie in steps, flat index, the other rounding's value) of each element of ``value`` that lies
+    near a rounding tie."""
     if entry.axis is not None or entry.grid != "linear" or received.size != value.size:
         return []
     scale = float(np.asarray(entry.scale).reshape(-1)[0])
@@ -379,7 +380,8 @@ def _flips(entry: TensorQParams, received: np.ndarray, value: np.ndarray) -> lis
     level = np.round(value.reshape(-1).astype(np.float64) / scale) + zero_point
     other = np.where(level == low, low + 1, np.where(level == low + 1, low, np.nan))
     ok = near & np.isfinite(other) & (other >= entry.quant_min) & (other <= entry.quant_max)
-    return [(int(i), float((other[i] - zero_point) * scale)) for i in np.flatnonzero(ok)]
+    distance = np.abs(steps - low - 0.5)
+    return [(float(distance[i]), int(i), float((other[i] - zero_point) * scale)) for i in np.flatnonzero(ok)]
 
 
 def tail_quantized(
@@ -440,23 +442,29 @@ def explain_ties(
 
     Where a runtime computes a file whose intermediate tensors it does not show (exposing one changes what it
     fuses), the outputs are compared with the simulation fed the quantized tensors of a copy that shows them. A
-    value within ``TIE_STEPS`` of a rounding tie may round the other way in the file itself; each such element,
-    at most ``MAX_TIE_FLIPS`` of them, is flipped in one more simulation, and an output may differ by the sum of
-    the flips that move it up, or of those that move it down, beyond float32 rounding.
+    value within ``TIE_STEPS`` of a rounding tie may round the other way in the file itself (in a shown tensor, or
+    in an activation no copy shows, which the simulation computes); each such element, the ``MAX_TIE_FLIPS``
+    closest to their ties where there are more, is flipped in one more simulation, and an output may differ by the
+    sum of the flips that move it up, or of those that move it down, beyond float32 rounding.
     """
     keys, forced = _runtime_values(values, table, exposed)
-    base = simulate(run.model, run.inputs, forced, receive=set(forced))
+    activations = {tensor: key for tensor, key in keys.items() if key in forced or table[tensor].kind != "weight"}
+    base = simulate(run.model, run.inputs, forced, receive=set(activations.values()))
     flips = []
-    for tensor, key in keys.items():
-        if key in forced and key in base.received:
-            flips += [(key, index, value) for index, value in _flips(table[tensor], base.received[key], forced[key])]
-    if not flips or len(flips) > MAX_TIE_FLIPS:
+    for tensor, key in activations.items():
+        # a tensor the runtime does not show is the simulation's own, and may round either way in the file
+        held = forced[key] if key in forced else base.quantized.get(key)
+        if held is not None and key in base.received:
+            found = _flips(table[tensor], base.received[key], held)
+            flips += [(distance, key, index, value, held) for distance, index, value in found]
+    if not flips:
         return report
+    flips = sorted(flips, key=lambda flip: flip[0])[:MAX_TIE_FLIPS]  # the closest ties: the likeliest to part
     up = [np.zeros_like(out, dtype=np.float64) for out in base.outputs]
     down = [np.zeros_like(out, dtype=np.float64) for out in base.outputs]
-    for key, index, value in flips:
+    for _, key, index, value, held in flips:
         changed = dict(forced)
-        changed[key] = forced[key].copy()
+        changed[key] = np.array(held, copy=True)
         changed[key].reshape(-1)[index] = value
         for k, out in enumerate(simulate(run.model, run.inputs, changed).outputs):
             delta = out.astype(np.float64) - base.outputs[k]
