@@ -1,0 +1,184 @@
+"""Architectures nobody here wrote, through every step a user takes: prepare, calibrate, deploy, verify, and an
+independent check of each model artifact as a user loads it (tests/fuzz/harness.py ``check_artifacts``).
+
+The models come from timm (``timm.create_model(name, pretrained=False)``: random weights, as no weights can be
+downloaded here; a user with weights passes ``--pretrained``). Calibration and verification images are crops of
+scikit-learn's two bundled photos (``load_sample_images``), normalized as ImageNet models expect.
+
+Statuses per model x backend: ``ok`` (verify passed, and every artifact computes the prepared model on another
+image within the fuzz harness's bound, or where rounding ties alone carry the Q/DQ model as written past that
+bound on this image, within 3x what they carry it: ``tie_floor`` in the JSON), ``capture`` (torch.fx cannot
+trace the model: a clear error naming the module and the remedy), ``clear_error`` (a documented refusal),
+``verify_failed``, ``silent`` (verify passed over an artifact that computes something else) and ``crash`` (an
+internal error). Prints the table and writes benchmarks/results/model_coverage.json with the host facts.
+
+Run: .venv/bin/python benchmarks/model_coverage.py [--models mobilenetv2_100,resnet18] [--backends openvino]
+     (needs ``pip install timm``; timm imports torchvision)
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+import traceback
+import warnings
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+TESTS = Path(__file__).resolve().parent.parent / "tests"
+sys.path.insert(0, str(TESTS))  # the fuzz harness's independent artifact check lives with the tests
+
+from _timing import print_table, write_json  # noqa: E402
+
+MODELS = (
+    "mobilenetv2_100",
+    "mobilenetv3_large_100",
+    "mobilenetv3_small_100",
+    "efficientnet_b0",
+    "efficientnet_lite0",
+    "regnetx_002",
+    "regnety_002",
+    "resnet18",
+    "resnet50",
+    "convnext_atto",
+    "fastvit_t8",
+    "mobileone_s0",
+    "densenet121",
+    "ghostnet_100",
+    "mnasnet_100",
+    "repvgg_a0",
+    "rexnet_100",
+    "lcnet_050",
+    "edgenext_xx_small",
+    "vit_tiny_patch16_224",
+    "deit_tiny_patch16_224",
+    "swin_tiny_patch4_window7_224",
+    "inception_v3",
+    "tf_efficientnet_lite0",
+)
+BACKENDS = ("openvino", "tensorrt", "snpe", "onnx_qnn")
+STATUSES = ("ok", "capture", "clear_error", "verify_failed", "silent", "crash")
+
+
+def images(count: int, size: int, seed: int) -> Any:
+    """``count`` random crops of the two bundled photos, resized to ``size``, ImageNet-normalized."""
+    import numpy as np
+    import torch
+    import torch.nn.functional as F
+    from sklearn.datasets import load_sample_images
+
+    photos = [torch.from_numpy(np.asarray(p, np.float32) / 255.0).permute(2, 0, 1) for p in load_sample_images().images]
+    rng = np.random.default_rng(seed)
+    crops = []
+    for index in range(count):
+        photo = photos[index % len(photos)]
+        side = int(rng.integers(min(photo.shape[1:]) // 3, min(photo.shape[1:])))
+        top = int(rng.integers(0, photo.shape[1] - side + 1))
+        left = int(rng.integers(0, photo.shape[2] - side + 1))
+        crop = photo[:, top : top + side, left : left + side][None]
+        crops.append(F.interpolate(crop, size=(size, size), mode="bilinear", align_corners=False))
+    batch = torch.cat(crops)
+    mean = torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1)
+    std = torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1)
+    return (batch - mean) / std
+
+
+def run_case(name: str, backend: str, pretrained: bool, batches: int) -> dict[str, Any]:
+    import timm
+    import torch
+
+    from backend_configs import host_config
+    from fuzz.harness import MAX_RELATIVE, ArtifactMismatchError, check_artifacts, classify_error, tie_floor
+    from mqbench.convert_deploy import convert_deploy
+    from mqbench.deploy.verify import verify_deploy
+    from mqbench.prepare_by_platform import prepare_by_platform
+    from mqbench.utils.state import enable_calibration, enable_quantization
+    from mqbench.utils.tracer import TracingError
+
+    start = time.perf_counter()
+    case: dict[str, Any] = {"model": name, "backend": backend, "status": "ok", "message": ""}
+    torch.manual_seed(0)
+    model = timm.create_model(name, pretrained=pretrained).eval()
+    size = int(model.pretrained_cfg.get("input_size", (3, 224, 224))[-1])
+    calibration = images(4 * batches, size, seed=0).split(4)
+    check = images(2, size, seed=1)
+    stage = "prepare"
+    with warnings.catch_warnings(), tempfile.TemporaryDirectory() as folder:
+        warnings.simplefilter("ignore")
+        try:
+            qmodel = prepare_by_platform(model, backend, host_config(backend))
+            stage = "calibrate"
+            enable_calibration(qmodel)
+            with torch.no_grad():
+                for batch in calibration:
+                    qmodel(batch)
+            enable_quantization(qmodel)
+            stage = "deploy"
+            result = convert_deploy(qmodel, backend, dummy_input=check[:1], output_path=folder)
+            stage = "verify"
+            report = verify_deploy(qmodel, result, check[:1], reference=True)
+            case["max_lsb"] = float(report.max_lsb_diff)
+            if not report.passed:
+                case["status"], case["message"] = "verify_failed", "; ".join(report.failures())
+            else:
+                stage = "check"
+                # where rounding ties alone carry the simulation's own arithmetic past the fuzz bound (deep
+                # networks), the bound is 3x what they carry it on this input (the fuzz bound's own margin)
+                case["tie_floor"] = tie_floor(qmodel, result, [check[1:]])
+                bound = max(MAX_RELATIVE, 3 * case["tie_floor"])
+                case["check_relative"] = check_artifacts(qmodel, result, [check[1:]], relative=bound)
+        except ArtifactMismatchError as mismatch:
+            case["status"], case["message"] = "silent", str(mismatch)
+        except TracingError as error:
+            case["status"], case["message"] = "capture", str(error).splitlines()[0]
+        except Exception as error:  # the benchmark's purpose: every failure becomes a result
+            case["status"], case["location"] = classify_error(error)  # clear: a documented refusal of mqbench's
+            case["message"] = f"{type(error).__name__}: {str(error).strip()[:300]}"
+            if case["status"] == "crash":
+                case["traceback"] = traceback.format_exc()[-2000:]
+    case["stage"] = stage if case["status"] != "ok" else "done"
+    case["seconds"] = round(time.perf_counter() - start, 1)
+    return case
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", default=",".join(MODELS), help="comma-separated timm model names")
+    parser.add_argument("--backends", default=",".join(BACKENDS))
+    parser.add_argument("--pretrained", action="store_true", help="timm's pretrained weights (downloads them)")
+    parser.add_argument("--batches", type=int, default=2, help="calibration batches of 4 images")
+    parser.add_argument("--output", default="model_coverage", help="results/<output>.json")
+    args = parser.parse_args(argv)
+    try:
+        import timm
+    except ImportError as error:
+        print(f"model_coverage needs timm and the torchvision it imports (pip install timm): {error}")
+        return 2
+    models, backends = args.models.split(","), args.backends.split(",")
+    cases = []
+    for name in models:
+        for backend in backends:
+            case = run_case(name, backend, args.pretrained, args.batches)
+            cases.append(case)
+            shown = f"{case['status']:<13} {case['seconds']:>6.1f} s  {case['message'][:160]}"
+            print(f"{name:<30} {backend:<10} {shown}", flush=True)
+    rows = []
+    for backend in backends:
+        counts = Counter(c["status"] for c in cases if c["backend"] == backend)
+        rows.append([backend, sum(counts.values()), *(counts.get(s, 0) for s in STATUSES)])
+    totals = Counter(c["status"] for c in cases)
+    rows.append(["all", len(cases), *(totals.get(s, 0) for s in STATUSES)])
+    print_table(["backend", "models", *STATUSES], rows)
+    path = write_json(
+        args.output,
+        {"timm": timm.__version__, "pretrained": args.pretrained, "models": models, "cases": cases},
+    )
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
