@@ -261,8 +261,8 @@ def _integer_sources(model: onnx.ModelProto, result: Any) -> dict[str, onnx.Node
     constants = initializer_map(model.graph)
     found: dict[str, onnx.NodeProto] = {}
     for tensor, name in result.dequantized.items():
-        if result.table[tensor].kind == "weight":
-            continue
+        if result.table[tensor].kind == "weight" or result.table[tensor].grid != "linear":
+            continue  # (another grid's values are not (q - zero point) * scale of the integers)
         node = producers.get(name)
         while node is not None and node.op_type == "Identity":  # a quantized network output keeps its name
             node = producers.get(node.input[0])
@@ -295,6 +295,8 @@ def _observe(
         values = {}
         for name in names:
             node = sources[name]
+            if not np.issubdtype(integers[node.input[0]].dtype, np.integer):
+                continue  # not integers (a float8 container): read through a dequantized copy or not at all
             scale = np.asarray(constants[node.input[1]], np.float32).reshape(())
             zero = np.asarray(constants[node.input[2]]).reshape(()) if len(node.input) > 2 else 0
             values[name] = ((integers[node.input[0]].astype(np.int32) - np.int32(zero)) * scale).astype(np.float32)
