@@ -725,9 +725,10 @@ def run_openvino_isolated(
 
     Extra outputs change which kernels OpenVINO fuses, and with them how exact rounding ties are
     decided; a fresh process keeps the runs alike (results can depend on what ran before in a process).
-    The copies run on ``copy_threads`` threads: on two, OpenVINO 2026.4 computes a copy that shows the output of
-    an int8 ``ConvTranspose`` (stride 2) differently from run to run (1.5% of it 178 steps off in about half the
-    runs), on one it is the same every time; the file itself runs on ``threads``.
+    The copies run on ``copy_threads`` threads: on two, OpenVINO 2026.4 computes an int8 ``ConvTranspose``
+    (stride 2) differently from run to run (1.5% of it 178 steps off in about 40% of the runs; the file and its
+    copies alike), on one it is the same every time; the file itself runs on ``threads``, as a user serves it
+    (verify names such a race: ``_thread_race``).
     """
     with tempfile.TemporaryDirectory() as folder:
         feeds, results = Path(folder) / "inputs.pkl", Path(folder) / "outputs.pkl"
@@ -805,7 +806,51 @@ def verify(result: Any, feeds: Mapping[str, np.ndarray], run: VerifyRun) -> Arti
             )
         if crash is not None:
             report.host.cause = f"the file as written does not run: {crash}"
+        elif explained is None and as_written.diverging(run.tolerance):
+            _thread_race(report.host, path, feeds, served, tail_shown, args)
     return report
+
+
+SERVED_THREADS = 2  # the threads verify serves the file on (run_openvino_isolated's default)
+RACE_RUNS = 3  # how many more times verify serves a file whose outputs part from the simulation
+
+
+def _thread_race(
+    host: HostReport,
+    path: str | Path,
+    feeds: Mapping[str, np.ndarray],
+    served: Mapping[str, np.ndarray],
+    tail: Mapping[str, np.ndarray],
+    args: tuple[Any, ...],
+) -> None:
+    """Where the file's outputs part from the simulation: whether that depends on OpenVINO's threads.
+
+    The file is served :data:`RACE_RUNS` more times on :data:`SERVED_THREADS` threads and once on one. If on one
+    thread its outputs are what the simulation computes (from the same quantized tensors), the cause says so, and
+    whether the outputs on more threads changed from run to run (a race in the plugin: measured on OpenVINO 2026.4
+    with an int8 stride-2 ``ConvTranspose``), and the remedy is serving it on one thread.
+    """
+    run: VerifyRun = args[2]
+    try:
+        again = [run_openvino_file(path, feeds, threads=SERVED_THREADS) for _ in range(RACE_RUNS)]
+        single = run_openvino_file(path, feeds, threads=1)
+    except RuntimeError:
+        return
+    if served_outputs(HostReport("openvino_onnx", "OpenVINO CPU"), single, tail, *args).diverging(run.tolerance):
+        return
+    changed = sum(any(not np.array_equal(run[name], served[name]) for name in served if name in run) for run in again)
+    how = (
+        f"differently from run to run on {SERVED_THREADS} threads ({changed} of {RACE_RUNS} more runs gave other "
+        "outputs: a race in the plugin)"
+        if changed
+        else f"differently on {SERVED_THREADS} threads"
+    )
+    parted = ", ".join(host.diverging(run.tolerance)[:5])
+    host.cause = (
+        f"OpenVINO's CPU plugin computes the file as written {how} at {parted}; on one thread it computes what the "
+        "simulation computes"
+    )
+    host.remedy = "serve this file on one thread: core.compile_model(path, 'CPU', {'INFERENCE_NUM_THREADS': 1})"
 
 
 def _rounding_before_add(model: onnx.ModelProto, table: QParamTable) -> dict[tuple[str, int], tuple[float, float]]:
