@@ -35,9 +35,10 @@ from mqbench.custom_quantizer.model_quantizer import ModelQuantizer
 from mqbench.custom_quantizer.qconfig import resolve_qconfig
 from mqbench.nn.intrinsic.qat import freeze_bn_stats
 from mqbench.utils.config import check_keys
-from mqbench.utils.tracer import check_model, trace, unwrap_model
+from mqbench.utils.export_capture import CAPTURES, CaptureError, export_capture
+from mqbench.utils.tracer import TracingError, check_model, trace, unwrap_model
 
-__all__ = ["BACKEND_ATTRIBUTE", "CONFIG_KEYS", "BackendType", "prepare_by_platform"]
+__all__ = ["BACKEND_ATTRIBUTE", "CAPTURE_ATTRIBUTE", "CONFIG_KEYS", "BackendType", "prepare_by_platform"]
 
 CONFIG_KEYS = (
     "extra_qconfig_dict",
@@ -48,7 +49,13 @@ CONFIG_KEYS = (
     "leaf_module",
     "reduce_range",
     "quantizer_bits",
+    "capture",
+    "example_inputs",
+    "dynamic_shapes",
 )
+
+# The prepared GraphModule's attribute naming how the model was captured: "fx" or "export".
+CAPTURE_ATTRIBUTE = "mqbench_capture"
 
 # The prepared GraphModule's attribute naming the backend it was prepared for (a str, not state).
 BACKEND_ATTRIBUTE = "mqbench_backend"
@@ -133,6 +140,47 @@ def _convert_half_inputs(prepared: fx.GraphModule) -> None:
     prepared.recompile()
 
 
+def _capture(
+    model: nn.Module, config: dict[str, Any], leaf_modules: tuple[type, ...], custom_tracer: fx.Tracer | None
+) -> tuple[fx.GraphModule, str]:
+    """The model as a module-level graph, and how it was captured ("fx" or "export")."""
+    how = config.get("capture", "auto")
+    if how not in CAPTURES:
+        raise ValueError(f"prepare_custom_config_dict['capture'] must be one of {CAPTURES}, got {how!r}")
+    example = config.get("example_inputs")
+    dynamic = config.get("dynamic_shapes")
+    if how == "export":
+        if example is None:
+            raise ValueError(
+                "prepare_custom_config_dict['capture'] = 'export' needs prepare_custom_config_dict['example_inputs']: "
+                "what the model is called with (a tensor, a tuple of positional arguments or a dict of keyword "
+                "arguments)"
+            )
+        if custom_tracer is not None or config.get("concrete_args"):
+            raise ValueError(
+                "custom_tracer and concrete_args are torch.fx's; capture = 'export' takes example_inputs (and "
+                "dynamic_shapes) instead: drop them or capture with 'fx'"
+            )
+        return export_capture(model, example, dynamic, leaf_modules), "export"
+    if how == "fx" or example is None or custom_tracer is not None:
+        try:
+            return trace(model, config.get("concrete_args"), leaf_modules, custom_tracer), "fx"
+        except TracingError as error:
+            if how == "fx" or custom_tracer is not None:
+                raise
+            raise TracingError(
+                f"{error}\nOr capture it with torch.export: pass prepare_custom_config_dict['example_inputs'] "
+                "(what the model is called with) and prepare tries torch.export where torch.fx fails."
+            ) from error
+    try:
+        return trace(model, config.get("concrete_args"), leaf_modules), "fx"
+    except TracingError as fx_error:
+        try:
+            return export_capture(model, example, dynamic, leaf_modules), "export"
+        except CaptureError as export_error:
+            raise CaptureError(f"neither capture works.\n{fx_error}\n{export_error}") from export_error
+
+
 @contextlib.contextmanager
 def _garbage_collection_paused() -> Iterator[None]:
     enabled = gc.isenabled()
@@ -164,6 +212,13 @@ def prepare_by_platform(
             backend's 8-bit weight grid 7-bit of the same signedness ([-64, 63], or [0, 127] for
             unsigned weights), for CPU int8 kernels without VNNI whose 16-bit pair sums of
             u8 x s8 products saturate otherwise.
+            ``capture``: ``"fx"``, ``"export"`` or ``"auto"`` (the default: torch.fx, and
+            where it cannot trace the model and ``example_inputs`` is given, ``torch.export``;
+            the prepared model's ``mqbench_capture`` says which). ``example_inputs``: what the
+            model is called with while capturing with ``torch.export`` (a tensor, a tuple of
+            positional arguments or a dict of keyword arguments); ``dynamic_shapes`` as
+            ``torch.export.export`` takes them (default: batch, and the sequence of integer
+            inputs, ``Dim.AUTO``).
         custom_tracer: a ``torch.fx.Tracer`` instance (e.g. transformers' ``HFTracer()``).
         is_qat: fold BatchNorm while training (True) or into the weights now (False);
             None follows ``model.training``.
@@ -199,7 +254,7 @@ def prepare_by_platform(
     quantizer_class = spec.model_quantizer or ModelQuantizer
     quantizer = quantizer_class(spec, config.get("extra_quantizer_dict"), config.get("extra_fuse_dict"))
     with _garbage_collection_paused():  # graph passes allocate many small objects; collect once afterwards
-        graph_module = trace(model, config.get("concrete_args"), leaf_modules, custom_tracer)
+        graph_module, captured_by = _capture(model, config, leaf_modules, custom_tracer)
         prepared = quantizer.prepare(graph_module, qconfig, bool(is_qat))
     if half:
         _convert_half_inputs(prepared)
@@ -209,4 +264,5 @@ def prepare_by_platform(
         prepared.apply(freeze_bn_stats)
     _preserve_attributes(source, prepared, config.get("preserve_attr", {}))
     _keep_attribute(prepared, BACKEND_ATTRIBUTE, spec.name)
+    _keep_attribute(prepared, CAPTURE_ATTRIBUTE, captured_by)
     return prepared.train(training)

@@ -1,0 +1,420 @@
+"""Capture with ``torch.export``: a model torch.fx cannot trace, as the module-level graph prepare works on.
+
+``torch.export`` (non-strict, its training IR) runs the model's Python as written, so data-dependent shapes,
+control flow on sizes, ``*args`` and library code that symbolic tracing cannot follow are captured; what it gives
+is an ATen-level graph with the parameters lifted to inputs. :func:`export_capture` turns that into the graph
+torch.fx would have given, rooted at the model:
+
+* each call of a leaf ``torch.nn`` module (a ``Conv2d``, ``BatchNorm2d``, ``ReLU``, ``Linear``, ``LayerNorm`` ...,
+  from the ``nn_module_stack`` that export records on every node) is one ``call_module`` node on the model's
+  own submodule again, so module names, weight quantizers, BatchNorm folding, QAT and checkpoints are those of
+  the fx path, and the module follows ``train()`` / ``eval()`` (export bakes the mode into the graph);
+* the ATen ops left between them are written as the torch functions the placement rules know
+  (``aten.add.Tensor`` as ``operator.add``, ``aten.conv2d`` as ``F.conv2d`` ...), other ops stay ATen calls,
+  computed in float like any op the rules do not know;
+* parameters and buffers are ``get_attr`` nodes of the model's own tensors, export's shape assertions are
+  dropped, and the outputs keep the structure the model returns (a tensor, tuple, list or dict).
+
+By default the first dimension of every tensor input, and the second of an integer one (a sequence of token
+ids), is ``torch.export.Dim.AUTO``: dynamic where the model allows it, so the captured graph runs on other batch
+sizes and sequence lengths. The result is checked against the model on the example inputs before prepare
+sees it.
+
+Example:
+    >>> import torch
+    >>> from torch import nn
+    >>> class Padded(nn.Module):  # control flow on a size: torch.fx cannot trace it
+    ...     def __init__(self):
+    ...         super().__init__()
+    ...         self.conv = nn.Conv2d(3, 4, 3)
+    ...     def forward(self, x):
+    ...         if x.shape[-1] % 2:
+    ...             x = torch.nn.functional.pad(x, (0, 1, 0, 1))
+    ...         return self.conv(x)
+    >>> gm = export_capture(Padded(), (torch.randn(1, 3, 9, 9),))
+    >>> [(n.op, str(n.target)) for n in gm.graph.nodes if n.op == "call_module"]
+    [('call_module', 'conv')]
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+import torch.utils._pytree as pytree
+from torch import fx, nn
+
+__all__ = ["CAPTURES", "CaptureError", "default_dynamic_shapes", "export_capture", "split_example_inputs"]
+
+CAPTURES = ("auto", "fx", "export")
+
+aten = torch.ops.aten
+
+
+class CaptureError(RuntimeError):
+    """torch.export could not capture the model; the message names the op or line and what to do."""
+
+
+def split_example_inputs(example: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """``prepare_custom_config_dict['example_inputs']`` as (positional, keyword) arguments: a tensor is the one
+    positional argument, a tuple or list the positional ones, a dict the keyword ones."""
+    if isinstance(example, torch.Tensor):
+        return (example,), {}
+    if isinstance(example, (tuple, list)):
+        return tuple(example), {}
+    if isinstance(example, Mapping):
+        if not all(isinstance(key, str) for key in example):
+            raise ValueError("prepare_custom_config_dict['example_inputs']: a dict's keys must be argument names")
+        return (), dict(example)
+    raise ValueError(
+        "prepare_custom_config_dict['example_inputs'] must be a tensor, a tuple of the model's positional "
+        f"arguments or a dict of its keyword arguments, got {type(example).__name__}"
+    )
+
+
+def _dynamic(value: Any) -> Any:
+    if isinstance(value, torch.Tensor) and value.dim() > 0:
+        dims = {0: torch.export.Dim.AUTO}
+        if value.dim() >= 2 and not value.is_floating_point() and not value.is_complex():
+            dims[1] = torch.export.Dim.AUTO  # token ids and their masks: (batch, sequence)
+        return dims
+    if isinstance(value, (tuple, list)):
+        return type(value)(_dynamic(v) for v in value)
+    if isinstance(value, Mapping):
+        return {key: _dynamic(v) for key, v in value.items()}
+    return None
+
+
+def default_dynamic_shapes(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[Any, ...] | dict[str, Any]:
+    """The dynamic shapes prepare captures with by default: the batch dimension of every tensor input and the
+    sequence dimension of integer ones, each ``Dim.AUTO`` (dynamic where the model allows it, else static)."""
+    if kwargs and not args:
+        return {key: _dynamic(value) for key, value in kwargs.items()}
+    return tuple(_dynamic(value) for value in args) + tuple(_dynamic(value) for value in kwargs.values())
+
+
+# -- ATen ops written as the torch functions the placement rules know -----------------------------------------
+def _same(function: Callable[..., Any]) -> Callable[[tuple[Any, ...], dict[str, Any]], Any]:
+    return lambda args, kwargs: (function, args, kwargs)
+
+
+def _binary(function: Callable[..., Any], functional: Callable[..., Any]) -> Callable[..., Any]:
+    """``a + b`` as ``operator.add`` (an ``alpha`` keyword keeps the torch function)."""
+
+    def write(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        return (functional, args, kwargs) if kwargs or len(args) != 2 else (function, args, {})
+
+    return write
+
+
+def _inplace(function: Callable[..., Any]) -> Callable[..., Any]:
+    return lambda args, kwargs: (function, args, {**kwargs, "inplace": True})
+
+
+def _hardtanh(inplace: bool) -> Callable[..., Any]:
+    def write(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        low, high = (list(args[1:3]) + [-1.0, 1.0][len(args) - 1 :])[:2]
+        extra = {"inplace": True} if inplace else {}
+        if (low, high) == (0.0, 6.0) and not kwargs:
+            return (F.relu6, (args[0],), extra)
+        return (F.hardtanh, (args[0], low, high), extra)
+
+    return write
+
+
+def _batch_norm(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    x, weight, bias, mean, var, training, momentum, eps = args[:8]
+    return (F.batch_norm, (x, mean, var, weight, bias, training, momentum, eps), {})
+
+
+def _layer_norm(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    return (F.layer_norm, tuple(args[:5]), {})
+
+
+def _softmax(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    if len(args) > 2 and args[2] is not None:
+        return (torch.softmax, (args[0], args[1]), {"dtype": args[2]})
+    return (torch.softmax, (args[0], args[1]), {})
+
+
+def _embedding(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    weight, indices = args[:2]
+    padding = args[2] if len(args) > 2 and args[2] != -1 else None
+    return (F.embedding, (indices, weight, padding), {})
+
+
+def _interpolate(mode: str) -> Callable[..., Any]:
+    def write(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        x, size = args[0], args[1]
+        if mode == "nearest":
+            scales = args[2] if len(args) > 2 else kwargs.get("scale_factors")
+            corners = None
+        else:
+            corners = args[2] if len(args) > 2 else kwargs.get("align_corners")
+            scales = args[3] if len(args) > 3 else kwargs.get("scale_factors")
+        keywords = {"size": size, "scale_factor": scales, "mode": mode, "align_corners": corners}
+        return (F.interpolate, (x,), keywords)
+
+    return write
+
+
+_ATEN: dict[Any, Callable[[tuple[Any, ...], dict[str, Any]], Any]] = {
+    aten.add.Tensor: _binary(operator.add, torch.add),
+    aten.add_.Tensor: _binary(operator.iadd, torch.Tensor.add_),
+    aten.sub.Tensor: _binary(operator.sub, torch.sub),
+    aten.mul.Tensor: _binary(operator.mul, torch.mul),
+    aten.mul_.Tensor: _binary(operator.imul, torch.Tensor.mul_),
+    aten.div.Tensor: _binary(operator.truediv, torch.div),
+    aten.matmul.default: _same(torch.matmul),
+    aten.bmm.default: _same(torch.bmm),
+    aten.cat.default: _same(torch.cat),
+    aten.relu.default: _same(torch.relu),
+    aten.relu_.default: _inplace(F.relu),
+    aten.hardtanh.default: _hardtanh(False),
+    aten.hardtanh_.default: _hardtanh(True),
+    aten.sigmoid.default: _same(torch.sigmoid),
+    aten.hardswish.default: _same(F.hardswish),
+    aten.hardsigmoid.default: _same(F.hardsigmoid),
+    aten.gelu.default: _same(F.gelu),
+    aten.softmax.int: _softmax,
+    aten.conv1d.default: _same(F.conv1d),
+    aten.conv2d.default: _same(F.conv2d),
+    aten.conv3d.default: _same(F.conv3d),
+    aten.conv_transpose2d.input: _same(F.conv_transpose2d),
+    aten.linear.default: _same(F.linear),
+    aten.batch_norm.default: _batch_norm,
+    aten.layer_norm.default: _layer_norm,
+    aten.embedding.default: _embedding,
+    aten.adaptive_avg_pool2d.default: _same(F.adaptive_avg_pool2d),
+    aten.avg_pool2d.default: _same(F.avg_pool2d),
+    aten.max_pool2d.default: _same(F.max_pool2d),
+    aten.flatten.using_ints: _same(torch.flatten),
+    aten.reshape.default: _same(torch.reshape),
+    aten.view.default: _same(torch.reshape),
+    aten.dropout.default: _same(F.dropout),
+    aten.scaled_dot_product_attention.default: _same(F.scaled_dot_product_attention),
+    aten.upsample_nearest2d.vec: _interpolate("nearest"),
+    aten.upsample_bilinear2d.vec: _interpolate("bilinear"),
+}
+
+# The names torch.fx gives these ops (quantizers are named after the nodes they follow).
+_FX_NAMES = {aten.select.int: "getitem", aten.slice.Tensor: "getitem", aten.sym_size.int: "size"}
+
+# Nodes export writes that compute nothing the model returns (shape and metadata assertions).
+_ASSERTIONS = frozenset(
+    {
+        aten._assert_tensor_metadata.default,
+        aten._assert_scalar.default,
+        aten.sym_constrain_range_for_size.default,
+        aten.sym_constrain_range.default,
+        aten._assert_async.msg,
+    }
+)
+
+
+# -- leaf modules ---------------------------------------------------------------------------------------------
+def _kept_whole(module: nn.Module, leaf_modules: tuple[type, ...]) -> bool:
+    """A module whose calls become one ``call_module`` node: the user's leaf modules, the project's quantization
+    leaves, and ``torch.nn``'s own modules without children."""
+    if leaf_modules and isinstance(module, leaf_modules):
+        return True
+    if getattr(module, "is_quantization_leaf", False):
+        return True
+    return type(module).__module__.startswith("torch.nn.modules.") and not any(True for _ in module.children())
+
+
+def _module_call(node: fx.Node, modules: Mapping[str, nn.Module], leaf_modules: tuple[type, ...]) -> Any:
+    """The outermost call of a kept-whole module that ``node`` belongs to: (key of the call, module path)."""
+    for key, entry in (node.meta.get("nn_module_stack") or {}).items():
+        path = entry[0]
+        module = modules.get(path)
+        if path and module is not None and _kept_whole(module, leaf_modules):
+            return key, path
+    return None
+
+
+def _nodes_of(value: Any) -> list[fx.Node]:
+    found: list[fx.Node] = []
+    fx.node.map_arg(value, found.append)
+    return found
+
+
+def _describe(node: fx.Node) -> str:
+    trace = node.meta.get("stack_trace") or ""
+    lines = [line.strip() for line in trace.strip().splitlines() if line.strip()]
+    where = ""
+    for index, line in enumerate(lines):
+        if line.startswith("File ") and "site-packages/torch/" not in line and "/mqbench/" not in line:
+            where = line + (f": {lines[index + 1]}" if index + 1 < len(lines) else "")
+    return f"{node.target} ({where})" if where else str(node.target)
+
+
+# -- capture --------------------------------------------------------------------------------------------------
+def _export(
+    model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], dynamic_shapes: Any
+) -> torch.export.ExportedProgram:
+    if dynamic_shapes is None:
+        dynamic_shapes = default_dynamic_shapes(args, kwargs)
+    try:
+        return torch.export.export(model, args, kwargs, dynamic_shapes=dynamic_shapes, strict=False)
+    except Exception as error:
+        message = str(error).strip().splitlines()
+        head = " ".join(message[:3])[:600]
+        raise CaptureError(
+            f"torch.export could not capture {type(model).__name__}.forward: {type(error).__name__}: {head}\n"
+            "Fixes: list the class of the module that fails in prepare_custom_config_dict['leaf_module'] so it is "
+            "kept whole, pass example inputs the model accepts as written, or pass dynamic_shapes "
+            "(prepare_custom_config_dict['dynamic_shapes'], as torch.export.export takes them)."
+        ) from error
+
+
+def export_capture(
+    model: nn.Module,
+    example_inputs: Any,
+    dynamic_shapes: Any = None,
+    leaf_modules: Sequence[type] = (),
+) -> fx.GraphModule:
+    """Capture ``model`` with ``torch.export`` (non-strict, training IR) called on ``example_inputs`` (see
+    :func:`split_example_inputs`), as a module-level ``GraphModule`` rooted at ``model`` (see the module's
+    docstring). ``dynamic_shapes`` as ``torch.export.export`` takes them (default:
+    :func:`default_dynamic_shapes`). Raises :class:`CaptureError` naming what failed and what to do."""
+    args, kwargs = split_example_inputs(example_inputs)
+    leaves = tuple(leaf_modules)
+    program = _export(model, args, kwargs, dynamic_shapes)
+    signature = program.graph_signature
+    unsupported = [spec.kind.name for spec in signature.output_specs if spec.kind.name != "USER_OUTPUT"]
+    if unsupported:
+        raise CaptureError(
+            f"torch.export captured {type(model).__name__}.forward with outputs of kinds {sorted(set(unsupported))} "
+            "(a buffer or input changed in place outside a module mutation mqbench can keep): capture it with "
+            "torch.fx (prepare_custom_config_dict['capture'] = 'fx') or make the mutation a module's own"
+        )
+    lifted = {**signature.inputs_to_parameters, **signature.inputs_to_buffers}
+    lifted.update(signature.inputs_to_lifted_tensor_constants)
+    modules = dict(model.named_modules())
+    graph = fx.Graph()
+    env: dict[fx.Node, Any] = {}
+    root = model
+    constants = 0
+    source = program.graph
+
+    # which module call each node belongs to, and the calls that can be one call_module node
+    calls: dict[fx.Node, Any] = {}
+    for node in source.nodes:
+        if node.op == "call_function" and node.target not in _ASSERTIONS:
+            call = _module_call(node, modules, leaves)
+            if call is not None:
+                calls[node] = call
+    members: dict[Any, list[fx.Node]] = {}
+    for node, call in calls.items():
+        members.setdefault(call, []).append(node)
+    whole: dict[Any, tuple[fx.Node, fx.Node]] = {}  # call -> (its one input, its one output node)
+    for call, nodes in members.items():
+        inside = set(nodes)
+        own = f"{call[1]}."
+        inputs = []
+        for node in nodes:
+            for arg in _nodes_of((node.args, node.kwargs)):
+                if arg in inside or arg in inputs:
+                    continue
+                if arg.op == "placeholder" and str(lifted.get(arg.name, "")).startswith(own):
+                    continue
+                inputs.append(arg)
+        outputs = [node for node in nodes if any(user not in inside for user in node.users)]
+        if len(inputs) == 1 and len(outputs) == 1 and outputs[0] is nodes[-1]:
+            whole[call] = (inputs[0], outputs[0])
+
+    for node in source.nodes:
+        if node.op == "placeholder":
+            if node.name in lifted:
+                target = lifted[node.name]
+                if node.name in signature.inputs_to_lifted_tensor_constants:
+                    target = f"_export_constant_{constants}"
+                    constants += 1
+                    root.register_buffer(target, program.constants[lifted[node.name]].clone(), persistent=False)
+                env[node] = graph.get_attr(target)
+            else:
+                env[node] = graph.placeholder(node.name)
+            continue
+        if node.op == "output":
+            flat = [env.get(value) if isinstance(value, fx.Node) else value for value in node.args[0]]
+            graph.output(_structured(flat, program.call_spec.out_spec, graph, root))
+            continue
+        if node.op == "get_attr":  # what export's graph holds for higher-order ops (mask functions and specs)
+            value = getattr(program.graph_module, str(node.target))
+            target = f"_export_{node.target}"
+            if isinstance(value, nn.Module):
+                root.add_module(target, value)
+            else:
+                setattr(root, target, value)
+            env[node] = graph.get_attr(target)
+            continue
+        if node.op != "call_function" or node.target in _ASSERTIONS:
+            if node.op == "call_function":
+                continue
+            raise CaptureError(f"torch.export wrote a {node.op} node {node.name!r}, which mqbench cannot prepare")
+        call = calls.get(node)
+        if call is not None and call in whole:
+            first, last = whole[call]
+            if node is last:
+                env[node] = graph.call_module(call[1], (env[first],))
+                env[node].meta["captured"] = call[0]
+            continue  # the other nodes of the call are inside the module
+        call_args = tuple(fx.node.map_arg(node.args, lambda n: env[n]))
+        call_kwargs = dict(fx.node.map_arg(node.kwargs, lambda n: env[n]))
+        write = _ATEN.get(node.target)
+        function: Any = node.target
+        if write is not None:
+            function, call_args, call_kwargs = write(call_args, call_kwargs)
+        name = _FX_NAMES.get(node.target, getattr(node.target, "_opname", None)) if write is None else None
+        env[node] = graph.create_node("call_function", function, tuple(call_args), dict(call_kwargs), name=name)
+    for unused in [n for n in graph.nodes if n.op == "get_attr" and not n.users]:  # parameters inside modules
+        graph.erase_node(unused)
+    graph.lint()
+    captured = fx.GraphModule(root, graph, type(model).__name__)
+    _check(model, captured, args, kwargs)
+    return captured
+
+
+def _structured(flat: list[Any], spec: Any, graph: fx.Graph, root: nn.Module) -> Any:
+    """The output node's argument: the flat outputs in the structure the model returns (a structure other than
+    a tuple, list or dict of outputs, such as a Hugging Face ``ModelOutput``, rebuilt from export's spec)."""
+    structure = pytree.tree_unflatten(list(range(len(flat))), spec)
+    if isinstance(structure, int):
+        return flat[structure]
+    if type(structure) in (tuple, list) and all(isinstance(i, int) for i in structure):
+        return type(structure)(flat[i] for i in structure)
+    if type(structure) is dict and all(isinstance(i, int) for i in structure.values()):
+        return {key: flat[i] for key, i in structure.items()}
+    root._export_output_spec = spec  # type: ignore[assignment]
+    return graph.call_function(pytree.tree_unflatten, (list(flat), graph.get_attr("_export_output_spec")))
+
+
+def _check(model: nn.Module, captured: fx.GraphModule, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> None:
+    """The captured graph computes what the model computes on the example inputs (same random draws, module
+    state restored afterwards)."""
+    state = {name: value.detach().clone() for name, value in model.state_dict(keep_vars=True).items()}
+    try:
+        with torch.no_grad(), torch.random.fork_rng():
+            torch.manual_seed(0)
+            expected = pytree.tree_leaves(model(*args, **kwargs))
+            torch.manual_seed(0)
+            got = pytree.tree_leaves(captured(*args, **kwargs))
+    finally:
+        with torch.no_grad():
+            for name, value in model.state_dict(keep_vars=True).items():
+                if name in state:
+                    value.copy_(state[name])
+    tensors = [(a, b) for a, b in zip(expected, got, strict=False) if isinstance(a, torch.Tensor)]
+    if len(expected) != len(got) or not all(
+        isinstance(b, torch.Tensor) and a.shape == b.shape and torch.allclose(a, b, rtol=1e-4, atol=1e-5)
+        for a, b in tensors
+    ):
+        raise CaptureError(
+            f"the graph torch.export captured of {type(model).__name__} does not compute what the model computes "
+            "on the example inputs: capture it with torch.fx (prepare_custom_config_dict['capture'] = 'fx'), or "
+            "list the module that differs in prepare_custom_config_dict['leaf_module']"
+        )

@@ -1,0 +1,207 @@
+"""Capture with torch.export: the same prepared model as torch.fx where both trace, and the models fx cannot."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+import torch.utils._pytree as pytree
+from torch import nn
+
+from backend_configs import config_for, host_config
+from mqbench.convert_deploy import convert_deploy
+from mqbench.deploy.verify import verify_deploy
+from mqbench.models import bert_tiny
+from mqbench.models.zoo import zoo_model
+from mqbench.prepare_by_platform import BackendType, prepare_by_platform
+from mqbench.utils.export_capture import CaptureError
+from mqbench.utils.state import enable_calibration, enable_quantization
+from mqbench.utils.tracer import TracingError
+
+BACKENDS = [backend.value for backend in BackendType]
+
+
+def _calibrated(model: nn.Module, backend: str, config: dict, *inputs: torch.Tensor) -> torch.fx.GraphModule:
+    qmodel = prepare_by_platform(model, backend, config)
+    enable_calibration(qmodel)
+    with torch.no_grad():
+        qmodel(*inputs)
+    enable_quantization(qmodel)
+    return qmodel
+
+
+def _both(name: str, backend: str) -> tuple[torch.fx.GraphModule, torch.fx.GraphModule, torch.Tensor]:
+    zoo = zoo_model(name)
+    x = zoo.calibration[:8]
+    base = dict(config_for(backend) or {})
+    traced = _calibrated(zoo.model, backend, {**base, "capture": "fx"}, x)
+    exported = _calibrated(zoo.model, backend, {**base, "capture": "export", "example_inputs": (x,)}, x)
+    return traced, exported, zoo.evaluation[:4]
+
+
+CASES = [("resnet18", b) for b in BACKENDS]
+CASES += [("mobilenet_v2", b) for b in ("tensorrt", "openvino", "snpe", "academic", "tengine_u8", "qdq")]
+CASES += [(name, b) for name in ("unet", "detector", "vit") for b in ("tensorrt", "openvino", "academic")]
+
+
+@pytest.mark.parametrize(("name", "backend"), CASES)
+def test_export_prepares_the_model_fx_prepares(name, backend):
+    """Where both capture a zoo model, the prepared models have the same modules (BatchNorm folded into the same
+    convolutions, the same weight quantizers) and compute the same values bit for bit after the same calibration.
+    Activation quantizers are named after the node they follow: those after module calls are the same; after a
+    slice, the counter of torch.fx's ``getitem`` names may differ (fx also names its shape lookups so)."""
+    traced, exported, x = _both(name, backend)
+    assert exported.mqbench_capture == "export" and traced.mqbench_capture == "fx"
+    fx_modules = {n for n, _ in traced.named_modules() if "getitem" not in n}
+    export_modules = {n for n, _ in exported.named_modules() if "getitem" not in n}
+    assert fx_modules == export_modules, (sorted(fx_modules ^ export_modules))[:6]
+    fx_types, export_types = dict(traced.named_modules()), dict(exported.named_modules())
+    assert all(type(fx_types[n]) is type(export_types[n]) for n in fx_modules if n), "a module of another type"
+    with torch.no_grad():
+        expected, got = pytree.tree_leaves(traced(x)), pytree.tree_leaves(exported(x))
+    assert all(torch.equal(e, g) for e, g in zip(expected, got, strict=True))
+
+
+@pytest.mark.parametrize("backend", ["tensorrt", "openvino", "snpe", "onnx_qnn", "academic"])
+def test_an_exported_depthwise_network_deploys_and_verifies(backend, tmp_path):
+    zoo = zoo_model("mobilenet_v2")
+    x = zoo.calibration[:8]
+    config = {**(host_config(backend) or {}), "capture": "export", "example_inputs": (x,)}
+    qmodel = _calibrated(zoo.model, backend, config, x)
+    result = convert_deploy(qmodel, backend, dummy_input=x[:2], output_path=tmp_path)
+    report = verify_deploy(qmodel, result, zoo.evaluation[:2])
+    assert report.passed, report.failures()
+
+
+class SamePadding(nn.Module):
+    """A stride-2 convolution with padding worked out from the input size, as TensorFlow's "SAME" (timm's
+    ``tf_`` models): torch.fx cannot trace the control flow on the size."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, stride=2)
+        self.bn = nn.BatchNorm2d(8)
+        self.act = nn.ReLU6()
+        self.fc = nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        height, width = x.shape[-2:]
+        pad_h = max((-(height // -2) - 1) * 2 + 3 - height, 0)
+        pad_w = max((-(width // -2) - 1) * 2 + 3 - width, 0)
+        if pad_h > 0 or pad_w > 0:
+            x = F.pad(x, [pad_w // 2, pad_w - pad_w // 2, pad_h // 2, pad_h - pad_h // 2])
+        return self.fc(F.adaptive_avg_pool2d(self.act(self.bn(self.conv(x))), 1).flatten(1))
+
+
+def _same_padding() -> SamePadding:
+    torch.manual_seed(0)
+    model = SamePadding()
+    with torch.no_grad():
+        model.bn.running_mean.uniform_(-0.5, 0.5)
+        model.bn.running_var.uniform_(0.5, 2.0)
+    return model.eval()
+
+
+def test_without_example_inputs_the_fx_error_names_export():
+    with pytest.raises(TracingError, match=r"example_inputs.*torch\.export where torch\.fx fails"):
+        prepare_by_platform(_same_padding(), "tensorrt")
+
+
+@pytest.mark.parametrize("backend", ["tensorrt", "openvino", "snpe"])
+def test_auto_captures_what_fx_cannot_with_export_and_it_verifies(backend, tmp_path):
+    model = _same_padding()
+    x = torch.randn(8, 3, 17, 17, generator=torch.Generator().manual_seed(1))
+    qmodel = _calibrated(model, backend, {**(host_config(backend) or {}), "example_inputs": x}, x)
+    assert qmodel.mqbench_capture == "export"
+    assert type(qmodel.get_submodule("conv")).__name__.startswith("ConvBn") or not hasattr(qmodel, "bn")
+    assert not any(isinstance(m, nn.BatchNorm2d) for m in qmodel.modules())  # folded into the convolution
+    assert hasattr(qmodel.get_submodule("conv"), "weight_fake_quant")
+    with torch.no_grad():
+        enable_quantization(qmodel)
+        float_out = model(x)
+        rel = (qmodel(x) - float_out).norm() / float_out.norm()
+    assert rel < 0.05, float(rel)
+    result = convert_deploy(qmodel, backend, dummy_input=x[:2], output_path=tmp_path)
+    report = verify_deploy(qmodel, result, x[:2])
+    assert report.passed, report.failures()
+
+
+def test_an_exported_encoder_takes_keyword_inputs_other_shapes_and_verifies(tmp_path):
+    """A dict of keyword inputs (as a Hugging Face model is called); batch and sequence length stay dynamic, so
+    the prepared model runs on other shapes; with padding in the mask it deploys and verifies."""
+    torch.manual_seed(0)
+    model = bert_tiny(vocab_size=50, dim=32, depth=2, heads=2, max_len=16).eval()
+    ids = torch.randint(0, 50, (4, 12), generator=torch.Generator().manual_seed(2))
+    mask = torch.ones(4, 12, dtype=torch.long)
+    mask[1, 8:] = 0
+    config = {"capture": "export", "example_inputs": {"input_ids": ids, "attention_mask": mask}}
+    qmodel = _calibrated(model, "tensorrt_nlp", config, ids, mask)
+    other_ids, other_mask = ids[:3, :9], mask[:3, :9]
+    with torch.no_grad():
+        assert qmodel(other_ids, other_mask).shape == (3, 2)
+        rel = (qmodel(ids, mask) - model(ids, mask)).norm() / model(ids, mask).norm()
+    assert rel < 0.1, float(rel)
+    result = convert_deploy(qmodel, "tensorrt_nlp", dummy_input=(ids, mask), output_path=tmp_path)
+    report = verify_deploy(qmodel, result, (ids, mask))
+    assert report.passed, report.failures()
+
+
+def test_an_exported_model_trains_with_batchnorm_that_follows_the_mode():
+    """Captured from a model in training mode: the BatchNorm is the model's module again (export bakes the mode
+    into its graph), folded for QAT; it updates its statistics in train() and uses them in eval(), and a QAT
+    step computes the same as on the torch.fx capture."""
+    zoo = zoo_model("resnet18")
+    x = zoo.calibration[:8]
+    results = []
+    for capture in ("fx", "export"):
+        model = zoo.model.train()
+        config = {"capture": capture, "example_inputs": (x,)}
+        qmodel = _calibrated(model, "tensorrt", config, x)
+        qmodel.train()
+        conv = qmodel.get_submodule("conv1")
+        assert hasattr(conv, "bn") and hasattr(conv, "weight_fake_quant"), type(conv)
+        before = conv.bn.running_mean.clone()
+        optimizer = torch.optim.SGD(qmodel.parameters(), lr=0.01)
+        torch.manual_seed(3)
+        loss = F.cross_entropy(qmodel(x), torch.arange(8) % 10)
+        loss.backward()
+        optimizer.step()
+        assert not torch.equal(before, conv.bn.running_mean)
+        qmodel.eval()
+        with torch.no_grad():
+            results.append((float(loss), qmodel(x)))
+    zoo.model.eval()
+    assert results[0][0] == results[1][0]
+    assert torch.equal(results[0][1], results[1][1])
+
+
+def test_capture_settings_that_cannot_work_are_named():
+    model = _same_padding()
+    x = torch.randn(2, 3, 17, 17)
+    with pytest.raises(ValueError, match="needs prepare_custom_config_dict\\['example_inputs'\\]"):
+        prepare_by_platform(model, "tensorrt", {"capture": "export"})
+    with pytest.raises(ValueError, match="must be one of"):
+        prepare_by_platform(model, "tensorrt", {"capture": "dynamo", "example_inputs": x})
+    with pytest.raises(ValueError, match=r"concrete_args are torch\.fx's"):
+        prepare_by_platform(model, "tensorrt", {"capture": "export", "example_inputs": x, "concrete_args": {"y": 1}})
+    with pytest.raises(ValueError, match="a tensor, a tuple"):
+        prepare_by_platform(model, "tensorrt", {"capture": "export", "example_inputs": 3})
+
+
+class DataDependent(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.sum() > 0:  # a branch on the values: neither capture can keep it
+            return self.conv(x)
+        return x
+
+
+def test_a_model_neither_capture_can_take_gets_both_reasons_and_the_fixes():
+    with pytest.raises(CaptureError) as caught:
+        prepare_by_platform(DataDependent(), "tensorrt", {"example_inputs": torch.randn(1, 3, 4, 4)})
+    message = str(caught.value)
+    assert "torch.fx could not trace" in message and "torch.export could not capture DataDependent" in message
+    assert "leaf_module" in message
