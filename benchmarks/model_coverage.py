@@ -7,10 +7,14 @@ scikit-learn's two bundled photos (``load_sample_images``), normalized as ImageN
 
 Statuses per model x backend: ``ok`` (verify passed, and every artifact computes the prepared model on another
 image within the fuzz harness's bound, or where rounding ties alone carry the Q/DQ model as written past that
-bound on this image, within 3x what they carry it: ``tie_floor`` in the JSON), ``capture`` (torch.fx cannot
-trace the model: a clear error naming the module and the remedy), ``clear_error`` (a documented refusal),
+bound on this image, within 3x what they carry it: ``tie_floor`` in the JSON), ``capture`` (neither torch.fx nor
+torch.export captures the model: a clear error naming both reasons and the remedies), ``clear_error`` (a
+documented refusal),
 ``verify_failed``, ``silent`` (verify passed over an artifact that computes something else) and ``crash`` (an
 internal error). Prints the table and writes benchmarks/results/model_coverage.json with the host facts.
+
+Each model is prepared with ``capture="auto"`` and its calibration batch as ``example_inputs`` (torch.fx, and
+torch.export where fx cannot trace it; ``--capture fx|export`` forces one); the JSON records which captured it.
 
 Run: .venv/bin/python benchmarks/model_coverage.py [--models mobilenetv2_100,resnet18] [--backends openvino]
      (needs ``pip install timm``; timm imports torchvision)
@@ -58,8 +62,10 @@ MODELS = (
     "swin_tiny_patch4_window7_224",
     "inception_v3",
     "tf_efficientnet_lite0",
+    "mobilevit_xxs",
+    "levit_128s",
 )
-BACKENDS = ("openvino", "tensorrt", "snpe", "onnx_qnn")
+BACKENDS = ("openvino", "tensorrt", "snpe", "onnx_qnn", "academic")
 STATUSES = ("ok", "capture", "clear_error", "verify_failed", "silent", "crash")
 
 
@@ -86,7 +92,7 @@ def images(count: int, size: int, seed: int) -> Any:
     return (batch - mean) / std
 
 
-def run_case(name: str, backend: str, pretrained: bool, batches: int) -> dict[str, Any]:
+def run_case(name: str, backend: str, pretrained: bool, batches: int, capture: str = "auto") -> dict[str, Any]:
     import timm
     import torch
 
@@ -95,6 +101,7 @@ def run_case(name: str, backend: str, pretrained: bool, batches: int) -> dict[st
     from mqbench.convert_deploy import convert_deploy
     from mqbench.deploy.verify import verify_deploy
     from mqbench.prepare_by_platform import prepare_by_platform
+    from mqbench.utils.export_capture import CaptureError
     from mqbench.utils.state import enable_calibration, enable_quantization
     from mqbench.utils.tracer import TracingError
 
@@ -109,7 +116,9 @@ def run_case(name: str, backend: str, pretrained: bool, batches: int) -> dict[st
     with warnings.catch_warnings(), tempfile.TemporaryDirectory() as folder:
         warnings.simplefilter("ignore")
         try:
-            qmodel = prepare_by_platform(model, backend, host_config(backend))
+            config = {**(host_config(backend) or {}), "capture": capture, "example_inputs": calibration[0]}
+            qmodel = prepare_by_platform(model, backend, config)
+            case["capture"] = qmodel.mqbench_capture
             stage = "calibrate"
             enable_calibration(qmodel)
             with torch.no_grad():
@@ -132,7 +141,7 @@ def run_case(name: str, backend: str, pretrained: bool, batches: int) -> dict[st
                 case["check_relative"] = check_artifacts(qmodel, result, [check[1:]], relative=bound)
         except ArtifactMismatchError as mismatch:
             case["status"], case["message"] = "silent", str(mismatch)
-        except TracingError as error:
+        except (TracingError, CaptureError) as error:
             case["status"], case["message"] = "capture", str(error).splitlines()[0]
         except Exception as error:  # the benchmark's purpose: every failure becomes a result
             case["status"], case["location"] = classify_error(error)  # clear: a documented refusal of mqbench's
@@ -151,6 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pretrained", action="store_true", help="timm's pretrained weights (downloads them)")
     parser.add_argument("--batches", type=int, default=2, help="calibration batches of 4 images")
     parser.add_argument("--output", default="model_coverage", help="results/<output>.json")
+    parser.add_argument("--capture", default="auto", choices=("auto", "fx", "export"))
     args = parser.parse_args(argv)
     try:
         import timm
@@ -161,9 +171,10 @@ def main(argv: list[str] | None = None) -> int:
     cases = []
     for name in models:
         for backend in backends:
-            case = run_case(name, backend, args.pretrained, args.batches)
+            case = run_case(name, backend, args.pretrained, args.batches, args.capture)
             cases.append(case)
-            shown = f"{case['status']:<13} {case['seconds']:>6.1f} s  {case['message'][:160]}"
+            how = case.get("capture", "-")
+            shown = f"{case['status']:<13} {how:<6} {case['seconds']:>6.1f} s  {case['message'][:160]}"
             print(f"{name:<30} {backend:<10} {shown}", flush=True)
     rows = []
     for backend in backends:
@@ -174,7 +185,13 @@ def main(argv: list[str] | None = None) -> int:
     print_table(["backend", "models", *STATUSES], rows)
     path = write_json(
         args.output,
-        {"timm": timm.__version__, "pretrained": args.pretrained, "models": models, "cases": cases},
+        {
+            "timm": timm.__version__,
+            "pretrained": args.pretrained,
+            "capture": args.capture,
+            "models": models,
+            "cases": cases,
+        },
     )
     print(f"wrote {path}")
     return 0

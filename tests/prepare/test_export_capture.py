@@ -205,3 +205,21 @@ def test_a_model_neither_capture_can_take_gets_both_reasons_and_the_fixes():
     message = str(caught.value)
     assert "torch.fx could not trace" in message and "torch.export could not capture DataDependent" in message
     assert "leaf_module" in message
+
+
+def test_prepare_fx_captures_what_fx_cannot_with_export_and_it_deploys(tmp_path):
+    """The BackendConfig front end: prepare_fx falls back to torch.export on its example inputs, and the result
+    quantizes the layers prepare_by_platform's export capture quantizes, then deploys and verifies."""
+    from mqbench.backend_config import get_backend_config, get_qconfig_mapping, prepare_fx
+
+    model = _same_padding()
+    x = torch.randn(8, 3, 17, 17, generator=torch.Generator().manual_seed(1))
+    prepared = prepare_fx(model, get_qconfig_mapping("tensorrt"), (x,), backend_config=get_backend_config("tensorrt"))
+    assert hasattr(prepared.get_submodule("conv"), "weight_fake_quant")
+    assert not any(isinstance(m, nn.BatchNorm2d) for m in prepared.modules())
+    with torch.no_grad():
+        prepared(x)
+    enable_quantization(prepared)
+    result = convert_deploy(prepared, "tensorrt", dummy_input=x[:2], output_path=tmp_path)
+    report = verify_deploy(prepared, result, x[:2])
+    assert report.passed, report.failures()

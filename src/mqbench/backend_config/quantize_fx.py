@@ -46,8 +46,9 @@ from mqbench.custom_quantizer.plan import PLAN_ATTRIBUTE, plan_of
 from mqbench.fake_quantize import QuantizeBase
 from mqbench.nn import quantized as nnq
 from mqbench.nn.intrinsic.qat.modules.bn_folding import BnFoldingModule
+from mqbench.utils.export_capture import CaptureError, export_capture
 from mqbench.utils.state import enable_calibration, enable_quantization
-from mqbench.utils.tracer import trace
+from mqbench.utils.tracer import TracingError, trace
 
 __all__ = ["convert_fx", "prepare_fx", "prepare_qat_fx"]
 
@@ -69,7 +70,16 @@ def _prepare(
     if not isinstance(example_inputs, (tuple, list)):
         raise ValueError("example_inputs must be a tuple of the model's positional inputs")
     training = model.training
-    graph_module = trace(copy.deepcopy(model).train(is_qat), concrete_args, (), None)
+    copied = copy.deepcopy(model).train(is_qat)
+    try:
+        graph_module = trace(copied, concrete_args, (), None)
+    except TracingError as fx_error:  # torch.fx cannot follow the forward: capture it with torch.export
+        if concrete_args:
+            raise
+        try:
+            graph_module = export_capture(copied, tuple(example_inputs))
+        except CaptureError as export_error:
+            raise CaptureError(f"neither capture works.\n{fx_error}\n{export_error}") from export_error
 
     def qconfig_for(name: str, op: Any, index: int | None) -> Any:
         return qconfig_mapping.qconfig_for(name, op, index=index)
@@ -89,8 +99,10 @@ def prepare_fx(
 ) -> fx.GraphModule:
     """Post-training quantization: BatchNorm folded, observers on; run calibration data through the result.
 
-    ``example_inputs`` documents the call (tracing is symbolic); ``prepare_custom_config`` is
-    accepted for signature compatibility and must be None.
+    The model is traced with torch.fx; where fx cannot follow its forward, it is captured with
+    ``torch.export`` called on ``example_inputs`` (the positional arguments), as
+    ``prepare_by_platform`` does. ``prepare_custom_config`` is accepted for signature compatibility
+    and must be None.
     """
     if prepare_custom_config is not None:
         raise ValueError("prepare_custom_config is not supported; use concrete_args for tracing options")

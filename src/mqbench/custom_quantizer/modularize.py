@@ -44,6 +44,8 @@ from typing import Any
 import torch.nn.functional as F
 from torch import Tensor, fx, nn
 
+from mqbench.custom_quantizer.passes import has_side_effects
+
 __all__ = ["modularize"]
 
 _CONVOLUTIONS: dict[Callable[..., Any], type[nn.Module]] = {
@@ -205,6 +207,6 @@ def modularize(gm: fx.GraphModule) -> fx.GraphModule:
         gm.graph.erase_node(node)
         changed = True
     if changed:
-        gm.graph.eliminate_dead_code()
+        gm.graph.eliminate_dead_code(is_impure_node=has_side_effects)
         gm.recompile()
     return gm

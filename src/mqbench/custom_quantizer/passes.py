@@ -119,6 +119,8 @@ def has_side_effects(node: fx.Node) -> bool:
     if node.op == "call_function":
         if node.target in _IN_PLACE_OPERATORS or node.kwargs.get("inplace") is True:
             return True
+        if getattr(node.target, "__module__", None) == "torch._functorch.predispatch":
+            return True  # vmap's levels in a torch.export capture (entered and left by calls nothing reads)
         if _in_place_name(getattr(node.target, "__name__", "")):
             return True
     if node.op == "call_module":

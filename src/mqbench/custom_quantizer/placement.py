@@ -63,7 +63,9 @@ def _is_tensor(node: fx.Node, memo: dict[fx.Node, bool]) -> bool:
     if node in memo:
         return memo[node]
     result = True
-    if (node.op == "call_method" and node.target in _NON_TENSOR_METHODS) or (
+    if "val" in node.meta and node.meta["val"] is not None:  # recorded by torch.export capture
+        result = isinstance(node.meta["val"], torch.Tensor)
+    elif (node.op == "call_method" and node.target in _NON_TENSOR_METHODS) or (
         node.op == "call_function" and node.target is getattr
     ):
         result = False
@@ -98,6 +100,65 @@ def _has_activation_ancestor(node: fx.Node, kinds: Mapping[fx.Node, str | None],
     )
     memo[node] = result
     return result
+
+
+def _carries_data(node: fx.Node, kinds: Mapping[fx.Node, str | None], memo: dict[fx.Node, bool]) -> bool:
+    """Whether ``node`` is computed from the data the model runs on: a float input (or an input of unknown type)
+    or a layer. Not so: values computed only from integer inputs and constants, such as an attention mask
+    ``(1 - mask) * finfo.min`` or position arithmetic, which are never quantized (their sentinel values are no
+    range an integer grid can hold). Input types are known where the capture recorded them (torch.export)."""
+    if node in memo:
+        return memo[node]
+    memo[node] = False  # bounds recursion on shared inputs
+    if kinds.get(node) in _ACTIVATION_ANCESTORS or kinds.get(node) == "embedding":
+        result = True
+    elif node.op == "placeholder":
+        value = node.meta.get("val")
+        result = not isinstance(value, torch.Tensor) or value.is_floating_point()
+    elif node.op == "get_attr":
+        result = False
+    else:
+        result = any(_carries_data(a, kinds, memo) for a in node.all_input_nodes)
+    memo[node] = result
+    return result
+
+
+_SENTINEL = 1e30  # a fill value at least this large stands for "masked out" (finfo.min, -inf)
+_FILLING = frozenset({"where", "masked_fill", "masked_fill_"})
+_ADDING = frozenset({"add", "sub", "add_", "sub_", "__add__", "__sub__", "__iadd__", "__isub__"})
+
+
+def _name_of(node: fx.Node) -> str:
+    if node.op == "call_method":
+        return str(node.target)
+    name = getattr(node.target, "__name__", "") or ""
+    return name.split(".")[0]
+
+
+def _masked(node: fx.Node, kinds: Mapping[fx.Node, str | None], memo: dict[fx.Node, bool]) -> bool:
+    """Whether ``node`` combines values with an attention mask: a ``where`` / ``masked_fill`` whose fill value
+    is a sentinel (a literal beyond 1e30 or infinite, or a value computed from no data), or an ``add`` / ``sub``
+    of mask arithmetic (computed from integer inputs and constants). Its masked entries hold ``finfo.min``: no
+    integer grid holds both them and the values, so it is not quantized."""
+    if node.op not in ("call_function", "call_method"):
+        return False
+    name = _name_of(node)
+    if name in _FILLING:
+        condition = 0 if name == "where" else 1
+        fills = [a for i, a in enumerate(node.args) if i != condition and (name == "where" or i > 0)]
+        fills += [v for k, v in node.kwargs.items() if k in ("value", "other", "input")]
+    elif name in _ADDING:
+        fills = [a for a in node.args if isinstance(a, fx.Node) and a.op != "get_attr"]
+        if len(fills) < 2:
+            return False
+    else:
+        return False
+    for fill in fills:
+        if isinstance(fill, (int, float)) and not isinstance(fill, bool) and abs(fill) >= _SENTINEL:
+            return True
+        if isinstance(fill, fx.Node) and fill.op != "get_attr" and not _carries_data(fill, kinds, memo):
+            return True
+    return False
 
 
 def _single_user(node: fx.Node) -> fx.Node | None:
@@ -167,8 +228,12 @@ def plan_activation_quantizers(
     ancestor_memo: dict[fx.Node, bool] = {}
     sites: dict[fx.Node, ActivationSite] = {}
 
+    data_memo: dict[fx.Node, bool] = {}
+
     def mark(value: fx.Node, consumer: fx.Node | None) -> ActivationSite | None:
         if value.op == "get_attr" or not _is_tensor(value, tensor_memo):
+            return None
+        if not _carries_data(value, kinds, data_memo) or _masked(value, kinds, data_memo):
             return None
         site = sites.setdefault(value, ActivationSite(value))
         if consumer is None:

@@ -47,6 +47,8 @@ import torch.nn.functional as F
 import torch.utils._pytree as pytree
 from torch import fx, nn
 
+from mqbench.utils.hf_capture import masks_without_vmap
+
 __all__ = ["CAPTURES", "CaptureError", "default_dynamic_shapes", "export_capture", "split_example_inputs"]
 
 CAPTURES = ("auto", "fx", "export")
@@ -196,6 +198,9 @@ _ATEN: dict[Any, Callable[[tuple[Any, ...], dict[str, Any]], Any]] = {
     aten.view.default: _same(torch.reshape),
     aten.dropout.default: _same(F.dropout),
     aten.scaled_dot_product_attention.default: _same(F.scaled_dot_product_attention),
+    aten.lift_fresh_copy.default: _same(torch.clone),  # a tensor constant made in forward
+    aten.detach_.default: _same(torch.detach),
+    aten.detach.default: _same(torch.detach),
     aten.upsample_nearest2d.vec: _interpolate("nearest"),
     aten.upsample_bilinear2d.vec: _interpolate("bilinear"),
 }
@@ -259,7 +264,8 @@ def _export(
     if dynamic_shapes is None:
         dynamic_shapes = default_dynamic_shapes(args, kwargs)
     try:
-        return torch.export.export(model, args, kwargs, dynamic_shapes=dynamic_shapes, strict=False)
+        with masks_without_vmap():
+            return torch.export.export(model, args, kwargs, dynamic_shapes=dynamic_shapes, strict=False)
     except Exception as error:
         message = str(error).strip().splitlines()
         head = " ".join(message[:3])[:600]
@@ -284,6 +290,7 @@ def export_capture(
     args, kwargs = split_example_inputs(example_inputs)
     leaves = tuple(leaf_modules)
     program = _export(model, args, kwargs, dynamic_shapes)
+    _inline_wrappers(program.graph_module)
     signature = program.graph_signature
     unsupported = [spec.kind.name for spec in signature.output_specs if spec.kind.name != "USER_OUTPUT"]
     if unsupported:
@@ -338,10 +345,13 @@ def export_capture(
                 env[node] = graph.get_attr(target)
             else:
                 env[node] = graph.placeholder(node.name)
+                env[node].meta["val"] = node.meta.get("val")  # its dtype: placement skips integer inputs
             continue
         if node.op == "output":
             flat = [env.get(value) if isinstance(value, fx.Node) else value for value in node.args[0]]
             graph.output(_structured(flat, program.call_spec.out_spec, graph, root))
+            continue
+        if node.op == "get_attr" and not node.users:  # the body of an inlined wrapper
             continue
         if node.op == "get_attr":  # what export's graph holds for higher-order ops (mask functions and specs)
             value = getattr(program.graph_module, str(node.target))
@@ -361,7 +371,7 @@ def export_capture(
             first, last = whole[call]
             if node is last:
                 env[node] = graph.call_module(call[1], (env[first],))
-                env[node].meta["captured"] = call[0]
+                env[node].meta["val"] = node.meta.get("val")
             continue  # the other nodes of the call are inside the module
         call_args = tuple(fx.node.map_arg(node.args, lambda n: env[n]))
         call_kwargs = dict(fx.node.map_arg(node.kwargs, lambda n: env[n]))
@@ -371,12 +381,54 @@ def export_capture(
             function, call_args, call_kwargs = write(call_args, call_kwargs)
         name = _FX_NAMES.get(node.target, getattr(node.target, "_opname", None)) if write is None else None
         env[node] = graph.create_node("call_function", function, tuple(call_args), dict(call_kwargs), name=name)
+        env[node].meta["val"] = node.meta.get("val")  # what it computes (a tensor or a size), as export saw it
     for unused in [n for n in graph.nodes if n.op == "get_attr" and not n.users]:  # parameters inside modules
         graph.erase_node(unused)
     graph.lint()
     captured = fx.GraphModule(root, graph, type(model).__name__)
     _check(model, captured, args, kwargs)
     return captured
+
+
+# Higher-order ops that only run a captured submodule under a grad or autocast mode: inlined (prepare
+# simulates in float32, and the modes change no value of a forward).
+_WRAPPERS = ("wrap_with_set_grad_enabled", "wrap_with_autocast")
+
+
+def _inline_wrappers(module: fx.GraphModule) -> None:
+    """Replace each call of a mode wrapper in ``module``'s graph by the nodes of the submodule it runs."""
+    graph = module.graph
+    for node in list(graph.nodes):
+        if node.op != "call_function" or getattr(node.target, "__name__", None) not in _WRAPPERS:
+            continue
+        position = next(i for i, arg in enumerate(node.args) if isinstance(arg, fx.Node) and arg.op == "get_attr")
+        body = getattr(module, str(node.args[position].target))
+        _inline_wrappers(body)
+        env: dict[fx.Node, Any] = {}
+        operands = iter(node.args[position + 1 :])
+        with graph.inserting_before(node):
+            for inner in body.graph.nodes:
+                if inner.op == "placeholder":
+                    env[inner] = next(operands)
+                elif inner.op == "get_attr":
+                    name = f"_inlined_{inner.target}"
+                    if not hasattr(module, name):
+                        setattr(module, name, getattr(body, str(inner.target)))
+                    env[inner] = graph.get_attr(name)
+                elif inner.op == "output":
+                    results = inner.args[0]
+                else:
+                    env[inner] = graph.node_copy(inner, env.__getitem__)
+        values = fx.node.map_arg(results, env.__getitem__)
+        for user in list(node.users):
+            if user.op == "call_function" and user.target is operator.getitem:
+                user.replace_all_uses_with(values[user.args[1]])
+                graph.erase_node(user)
+            else:
+                user.replace_input_with(node, values)
+        graph.erase_node(node)
+    graph.lint()
+    module.recompile()
 
 
 def _structured(flat: list[Any], spec: Any, graph: fx.Graph, root: nn.Module) -> Any:

@@ -93,7 +93,7 @@ def uncalibrated_quantizers(model: nn.Module) -> list[str]:
     ]
 
 
-def integer_quantizers(model: nn.Module, args: Sequence[Any]) -> list[str]:
+def integer_quantizers(model: nn.Module, args: Sequence[Any], kwargs: dict[str, Any] | None = None) -> list[str]:
     """The quantizers that read only integer tensors (position ids, indices) when ``model`` runs on ``args``.
 
     A fake quantizer passes an integer tensor through unchanged and its observer never sees it: such a
@@ -112,18 +112,18 @@ def integer_quantizers(model: nn.Module, args: Sequence[Any]) -> list[str]:
             handles.append(cast(nn.Module, quantizer).register_forward_pre_hook(record))
         try:
             with torch.no_grad():
-                model.forward(*args)
+                model.forward(*args, **(kwargs or {}))
         finally:
             for handle in handles:
                 handle.remove()
     return [name for name, kinds in floating.items() if kinds == {False}]
 
 
-def _check_calibrated(model: nn.Module, args: Any) -> None:
+def _check_calibrated(model: nn.Module, args: Any, kwargs: dict[str, Any]) -> None:
     """Forward pre-hook of :func:`enable_quantization`: fail before the first layer, naming every culprit."""
     missing = uncalibrated_quantizers(model)
     if missing:  # quantizers of integer tensors have nothing to calibrate
-        integer = set(integer_quantizers(model, args))
+        integer = set(integer_quantizers(model, args, kwargs))
         missing = [name for name in missing if name not in integer]
     if missing:
         shown = ", ".join(missing[:_SHOWN]) + (f" and {len(missing) - _SHOWN} more" if len(missing) > _SHOWN else "")
@@ -135,6 +135,7 @@ def _check_calibrated(model: nn.Module, args: Any) -> None:
     for key, hook in list(model._forward_pre_hooks.items()):  # checked once: the model is calibrated
         if hook is _check_calibrated:
             del model._forward_pre_hooks[key]
+            model._forward_pre_hooks_with_kwargs.pop(key, None)
 
 
 def _set(model: nn.Module, observer: bool, fake_quant: bool, quantizer_type: str | None = None) -> None:
@@ -158,7 +159,7 @@ def enable_quantization(model: nn.Module) -> None:
     _set(model, observer=False, fake_quant=True)
     installed = any(hook is _check_calibrated for hook in model._forward_pre_hooks.values())
     if not installed and uncalibrated_quantizers(model):
-        model.register_forward_pre_hook(_check_calibrated)
+        model.register_forward_pre_hook(_check_calibrated, with_kwargs=True)
 
 
 def disable_all(model: nn.Module) -> None:

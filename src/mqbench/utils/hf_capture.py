@@ -1,0 +1,68 @@
+"""Hugging Face attention masks that ``torch.export`` captures as plain tensor ops.
+
+transformers 4.5x builds its 4-d attention masks by ``torch.vmap`` over batch, head, query and key
+indices of a mask function (``masking_utils._vmap_for_bhqkv``). Captured by ``torch.export``, that is a
+region of functorch level changes that prepare's graph passes and the ONNX exporter cannot keep. The
+mask functions transformers ships (causal, padding, sliding window and their ``and_masks`` /
+``or_masks`` combinations) are elementwise tensor expressions, so calling them once on broadcast index
+tensors gives the same mask; :func:`masks_without_vmap` does that while a model is captured.
+
+Example:
+    >>> import torch
+    >>> with masks_without_vmap():
+    ...     pass  # transformers not imported: nothing to change
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+__all__ = ["broadcast_for_bhqkv", "masks_without_vmap"]
+
+
+def broadcast_for_bhqkv(mask_function: Callable[..., Any], bh_indices: bool = True) -> Callable[..., Any]:
+    """``mask_function`` over every (batch, head, query, key) index at once, by broadcasting: what
+    transformers' ``_vmap_for_bhqkv`` computes by four nested ``vmap`` calls, the same shape and values
+    (``[B, H, Q, K]``, or ``[Q, K]`` without ``bh_indices``)."""
+
+    def expanded(batch_idx: Any, head_idx: Any, q_idx: torch.Tensor, kv_idx: torch.Tensor) -> torch.Tensor:
+        if bh_indices:
+            shape: tuple[int, ...] = (batch_idx.shape[0], head_idx.shape[0], q_idx.shape[0], kv_idx.shape[0])
+            mask = mask_function(
+                batch_idx[:, None, None, None],
+                head_idx[None, :, None, None],
+                q_idx[None, None, :, None],
+                kv_idx[None, None, None, :],
+            )
+        else:
+            shape = (q_idx.shape[0], kv_idx.shape[0])
+            mask = mask_function(batch_idx, head_idx, q_idx[:, None], kv_idx[None, :])
+        return torch.as_tensor(mask, dtype=torch.bool, device=q_idx.device).expand(shape)
+
+    return expanded
+
+
+@contextlib.contextmanager
+def masks_without_vmap() -> Iterator[None]:
+    """While inside, transformers' masks (if transformers is imported) are built by broadcasting."""
+    masking = sys.modules.get("transformers.masking_utils")
+    original = getattr(masking, "_vmap_for_bhqkv", None)
+    if masking is None or original is None:
+        yield
+        return
+    # indexing by tensors needs no rewriting without vmap (the rewrite is a higher-order op in the capture)
+    indexing = getattr(masking, "TransformGetItemToIndex", None)
+    masking._vmap_for_bhqkv = broadcast_for_bhqkv  # type: ignore[attr-defined]
+    if indexing is not None:
+        masking.TransformGetItemToIndex = contextlib.nullcontext  # type: ignore[attr-defined]
+    try:
+        yield
+    finally:
+        masking._vmap_for_bhqkv = original  # type: ignore[attr-defined]
+        if indexing is not None:
+            masking.TransformGetItemToIndex = indexing  # type: ignore[attr-defined]
