@@ -54,6 +54,7 @@ from mqbench.deploy.writers import WRITERS
 from mqbench.fake_quantize.quantize_base import QuantizeBase
 from mqbench.prepare_by_platform import BACKEND_ATTRIBUTE
 from mqbench.qparams import QParamTable
+from mqbench.utils.export_capture import DYNAMIC_AXES
 from mqbench.utils.host import host_facts
 from mqbench.utils.state import integer_quantizers
 
@@ -158,6 +159,12 @@ def convert_onnx(
         if len(user_names) != len(args):
             raise ValueError(f"input_names has {len(user_names)} names for {len(args)} inputs")
         names = list(user_names)
+    captured = getattr(model, DYNAMIC_AXES, None)
+    if captured and "dynamic_axes" not in extra_kwargs:
+        # the dimensions torch.export kept dynamic (batch, sequence), by position: the forward's tensor inputs
+        kept = list(captured.values())
+        axes = {name: kept[i] for i, name in enumerate(names) if i < len(kept) and kept[i]}
+        extra_kwargs = {**extra_kwargs, "dynamic_axes": axes}
     try:
         exported = export_marked(model, args, names, **extra_kwargs)
     except torch.onnx.errors.OnnxExporterError as error:  # an op of the model ONNX export cannot write

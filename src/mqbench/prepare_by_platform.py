@@ -35,7 +35,7 @@ from mqbench.custom_quantizer.model_quantizer import ModelQuantizer
 from mqbench.custom_quantizer.qconfig import resolve_qconfig
 from mqbench.nn.intrinsic.qat import freeze_bn_stats
 from mqbench.utils.config import check_keys
-from mqbench.utils.export_capture import CAPTURES, CaptureError, export_capture
+from mqbench.utils.export_capture import CAPTURES, DYNAMIC_AXES, CaptureError, export_capture
 from mqbench.utils.tracer import TracingError, check_model, trace, unwrap_model
 
 __all__ = ["BACKEND_ATTRIBUTE", "CAPTURE_ATTRIBUTE", "CONFIG_KEYS", "BackendType", "prepare_by_platform"]
@@ -265,4 +265,6 @@ def prepare_by_platform(
     _preserve_attributes(source, prepared, config.get("preserve_attr", {}))
     _keep_attribute(prepared, BACKEND_ATTRIBUTE, spec.name)
     _keep_attribute(prepared, CAPTURE_ATTRIBUTE, captured_by)
+    if graph_module.meta.get(DYNAMIC_AXES):  # convert_deploy writes them as the ONNX file's dynamic axes
+        _keep_attribute(prepared, DYNAMIC_AXES, graph_module.meta[DYNAMIC_AXES])
     return prepared.train(training)

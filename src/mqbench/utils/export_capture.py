@@ -49,7 +49,15 @@ from torch import fx, nn
 
 from mqbench.utils.hf_capture import masks_without_vmap
 
-__all__ = ["CAPTURES", "CaptureError", "default_dynamic_shapes", "export_capture", "split_example_inputs"]
+__all__ = [
+    "CAPTURES",
+    "DYNAMIC_AXES",
+    "CaptureError",
+    "default_dynamic_shapes",
+    "dynamic_axes",
+    "export_capture",
+    "split_example_inputs",
+]
 
 CAPTURES = ("auto", "fx", "export")
 
@@ -163,6 +171,16 @@ def _interpolate(mode: str) -> Callable[..., Any]:
     return write
 
 
+def _slice(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    x, dim, start, end, step = (list(args) + [0, None, None, 1][len(args) - 1 :])[:5]
+    return (operator.getitem, (x, (slice(None),) * int(dim) + (slice(start, end, step),)), {})
+
+
+def _select(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    x, dim, index = args[:3]
+    return (operator.getitem, (x, (slice(None),) * int(dim) + (index,)), {})
+
+
 _ATEN: dict[Any, Callable[[tuple[Any, ...], dict[str, Any]], Any]] = {
     aten.add.Tensor: _binary(operator.add, torch.add),
     aten.add_.Tensor: _binary(operator.iadd, torch.Tensor.add_),
@@ -198,6 +216,9 @@ _ATEN: dict[Any, Callable[[tuple[Any, ...], dict[str, Any]], Any]] = {
     aten.view.default: _same(torch.reshape),
     aten.dropout.default: _same(F.dropout),
     aten.scaled_dot_product_attention.default: _same(F.scaled_dot_product_attention),
+    aten.sym_size.int: _same(torch.Tensor.size),  # the ONNX exporter keeps tensor.size(d) dynamic
+    aten.slice.Tensor: _slice,
+    aten.select.int: _select,
     aten.lift_fresh_copy.default: _same(torch.clone),  # a tensor constant made in forward
     aten.detach_.default: _same(torch.detach),
     aten.detach.default: _same(torch.detach),
@@ -379,6 +400,12 @@ def export_capture(
         function: Any = node.target
         if write is not None:
             function, call_args, call_kwargs = write(call_args, call_kwargs)
+        elif isinstance(node.target, torch._ops.OpOverload) and any(
+            isinstance(arg.meta.get("val"), torch.SymInt) for arg in node.all_input_nodes
+        ):
+            # ATen's own call refuses the traced sizes the ONNX exporter passes; torch's Python API takes them
+            packet = node.target._opname
+            function = getattr(torch, packet, None) or getattr(torch.Tensor, packet, node.target)
         name = _FX_NAMES.get(node.target, getattr(node.target, "_opname", None)) if write is None else None
         env[node] = graph.create_node("call_function", function, tuple(call_args), dict(call_kwargs), name=name)
         env[node].meta["val"] = node.meta.get("val")  # what it computes (a tensor or a size), as export saw it
@@ -387,7 +414,37 @@ def export_capture(
     graph.lint()
     captured = fx.GraphModule(root, graph, type(model).__name__)
     _check(model, captured, args, kwargs)
+    if any(dynamic_axes(graph).values()):
+        captured.meta[DYNAMIC_AXES] = dynamic_axes(graph)
     return captured
+
+
+# ``GraphModule.meta`` key of the dynamic dimensions of a captured graph's inputs (see :func:`dynamic_axes`).
+DYNAMIC_AXES = "mqbench_dynamic_axes"
+
+
+def dynamic_axes(graph: fx.Graph) -> dict[str, dict[int, str]]:
+    """The dimensions of the graph's tensor inputs (each, in order) that torch.export kept dynamic, as
+    ``torch.onnx.export`` takes them: ``{input: {dim: axis name}}``; one symbol has one name in every input
+    ("batch" for a first dimension, "sequence" for a second, else ``<input>_<dim>``; another symbol at a
+    dimension whose name is taken is ``<input>_batch`` ...)."""
+    names: dict[str, str] = {}
+    axes: dict[str, dict[int, str]] = {}
+    for node in graph.nodes:
+        value = node.meta.get("val") if node.op == "placeholder" else None
+        if not isinstance(value, torch.Tensor):
+            continue
+        axes[node.name] = {}
+        for dim, size in enumerate(value.shape):
+            if not isinstance(size, torch.SymInt):
+                continue
+            symbol = str(size)
+            if symbol not in names:
+                base = {0: "batch", 1: "sequence"}.get(dim, f"{node.name}_{dim}")
+                taken = set(names.values())
+                names[symbol] = base if base not in taken else f"{node.name}_{base}"
+            axes[node.name][dim] = names[symbol]
+    return axes
 
 
 # Higher-order ops that only run a captured submodule under a grad or autocast mode: inlined (prepare
