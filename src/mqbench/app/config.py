@@ -11,7 +11,7 @@ and the valid choices. Missing sections and keys take the defaults below.
       type: resnet18            # a zoo name, an import path "package.module:factory", or a torchvision/timm name
       kwargs: {}                # passed to the factory
       path: null                # a checkpoint (state dict), read with torch.load(weights_only=True)
-      tracer: null              # mqbench: null (torch.fx) or huggingface (transformers' HFTracer, transformers < 5)
+      tracer: null              # mqbench: null (torch.fx) or huggingface (HFTracer on transformers 4, export on 5)
       input_names: null         # mqbench, huggingface: the forward arguments the data feeds (default [input_ids])
     data:
       path: null                # null: the bundled digits; a folder with train/ and val/; or a .npz file

@@ -55,6 +55,7 @@ __all__ = [
     "deploy_model",
     "describe_results",
     "execute",
+    "has_huggingface_tracer",
     "huggingface_tracer",
     "load_run",
     "prediction",
@@ -92,10 +93,13 @@ class Run:
         """``prepare_by_platform`` with the configuration's backend and ``extra_prepare_dict``."""
         options = dict(self.config["extra_prepare_dict"] or {})
         tracer = None
-        if self.input_name is not None:
+        if self.input_name is not None and options.get("capture", "auto") != "export" and has_huggingface_tracer():
             tracer = huggingface_tracer()
             fixed = {name: None for name in inspect.signature(model.forward).parameters if name != self.input_name}
             options["concrete_args"] = fixed | dict(options.get("concrete_args") or {})
+        elif self.input_name is not None:  # transformers 5 (no HFTracer): captured with torch.export
+            options["capture"] = "export"
+            options.setdefault("example_inputs", {self.input_name: self.verify_samples[:2]})
         try:
             return prepare_by_platform(model, self.spec, options, custom_tracer=tracer)
         except ValueError as error:  # a key or value prepare_by_platform does not take; its message names it
@@ -151,14 +155,24 @@ def deploy_model(run: Run, qmodel: nn.Module, output: Path) -> DeployResult:
     )
 
 
+def has_huggingface_tracer() -> bool:
+    """Whether transformers' ``HFTracer`` can be imported (transformers 4.x; 5.x removed torch.fx support)."""
+    try:
+        from transformers.utils.fx import HFTracer  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def huggingface_tracer() -> fx.Tracer:
     """transformers' ``HFTracer`` (``model.tracer: huggingface``)."""
     try:
         from transformers.utils.fx import HFTracer
     except ImportError as error:
         raise ConfigError(
-            "model.tracer: huggingface needs transformers.utils.fx.HFTracer, which transformers 4.x has and 5.x "
-            f"removed ({error}): pip install 'transformers<5'"
+            "model.tracer: huggingface traces with transformers.utils.fx.HFTracer, which transformers 4.x has and "
+            f"5.x removed ({error}); without it the model is captured with torch.export (extra_prepare_dict: "
+            "{capture: export})"
         ) from error
     return HFTracer()
 

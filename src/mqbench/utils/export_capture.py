@@ -214,7 +214,6 @@ _ATEN: dict[Any, Callable[[tuple[Any, ...], dict[str, Any]], Any]] = {
     aten.flatten.using_ints: _same(torch.flatten),
     aten.reshape.default: _same(torch.reshape),
     aten.view.default: _same(torch.reshape),
-    aten.dropout.default: _same(F.dropout),
     aten.scaled_dot_product_attention.default: _same(F.scaled_dot_product_attention),
     aten.sym_size.int: _same(torch.Tensor.size),  # the ONNX exporter keeps tensor.size(d) dynamic
     aten.slice.Tensor: _slice,
@@ -326,7 +325,7 @@ def export_capture(
     graph = fx.Graph()
     env: dict[fx.Node, Any] = {}
     root = model
-    constants = 0
+    constants = dropouts = 0
     source = program.graph
 
     # which module call each node belongs to, and the calls that can be one call_module node
@@ -394,6 +393,15 @@ def export_capture(
                 env[node] = graph.call_module(call[1], (env[first],))
                 env[node].meta["val"] = node.meta.get("val")
             continue  # the other nodes of the call are inside the module
+        if node.target is aten.dropout.default:
+            # export bakes the mode into a functional dropout (``training=self.training``): a Dropout module
+            # follows train() / eval() as the model's own code did
+            name = f"_export_dropout_{dropouts}"
+            dropouts += 1
+            root.add_module(name, nn.Dropout(float(node.args[1])))
+            env[node] = graph.call_module(name, (env[node.args[0]],))
+            env[node].meta["val"] = node.meta.get("val")
+            continue
         call_args = tuple(fx.node.map_arg(node.args, lambda n: env[n]))
         call_kwargs = dict(fx.node.map_arg(node.kwargs, lambda n: env[n]))
         write = _ATEN.get(node.target)
