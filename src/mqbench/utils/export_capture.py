@@ -396,10 +396,10 @@ def export_capture(
         if node.target is aten.dropout.default:
             # export bakes the mode into a functional dropout (``training=self.training``): a Dropout module
             # follows train() / eval() as the model's own code did
-            name = f"_export_dropout_{dropouts}"
+            module_name = f"_export_dropout_{dropouts}"
             dropouts += 1
-            root.add_module(name, nn.Dropout(float(node.args[1])))
-            env[node] = graph.call_module(name, (env[node.args[0]],))
+            root.add_module(module_name, nn.Dropout(float(node.args[1])))
+            env[node] = graph.call_module(module_name, (env[node.args[0]],))
             env[node].meta["val"] = node.meta.get("val")
             continue
         call_args = tuple(fx.node.map_arg(node.args, lambda n: env[n]))
@@ -414,8 +414,8 @@ def export_capture(
             # ATen's own call refuses the traced sizes the ONNX exporter passes; torch's Python API takes them
             packet = node.target._opname
             function = getattr(torch, packet, None) or getattr(torch.Tensor, packet, node.target)
-        name = _FX_NAMES.get(node.target, getattr(node.target, "_opname", None)) if write is None else None
-        env[node] = graph.create_node("call_function", function, tuple(call_args), dict(call_kwargs), name=name)
+        fx_name = _FX_NAMES.get(node.target, getattr(node.target, "_opname", None)) if write is None else None
+        env[node] = graph.create_node("call_function", function, tuple(call_args), dict(call_kwargs), name=fx_name)
         env[node].meta["val"] = node.meta.get("val")  # what it computes (a tensor or a size), as export saw it
     for unused in [n for n in graph.nodes if n.op == "get_attr" and not n.users]:  # parameters inside modules
         graph.erase_node(unused)
