@@ -226,3 +226,13 @@ def test_prepare_fx_captures_what_fx_cannot_with_export_and_it_deploys(tmp_path)
     result = convert_deploy(prepared, "tensorrt", dummy_input=x[:2], output_path=tmp_path)
     report = verify_deploy(prepared, result, x[:2])
     assert report.passed, report.failures()
+
+
+def test_the_report_says_the_model_was_captured_with_export():
+    from mqbench.backend_config import quantization_report
+
+    x = torch.randn(2, 3, 17, 17)
+    exported = prepare_by_platform(_same_padding(), "tensorrt", {"example_inputs": x})
+    traced = prepare_by_platform(zoo_model("resnet18").model, "tensorrt")
+    assert quantization_report(exported).splitlines()[-1] == "captured with torch.export"
+    assert "torch.export" not in quantization_report(traced)

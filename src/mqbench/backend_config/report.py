@@ -34,7 +34,8 @@ def quantization_report(model: nn.Module) -> str:
     qconfig, no pattern of the backend for the op or chain that was seen (e.g.
     ``Conv2d-BatchNorm2d-ReLU``), the dtype constraints its qconfig breaks, by name
     (``scale_min_lower_bound``, ``quant_max_upper_bound``, ``dtype``, ...), or, on a built-in
-    backend, that its placement rules put no quantizer there.
+    backend, that its placement rules put no quantizer there. A model captured with ``torch.export``
+    (not torch.fx) ends with a line saying so.
     """
     decisions = decisions_of(model)
     if not decisions:
@@ -48,4 +49,6 @@ def quantization_report(model: nn.Module) -> str:
     lines += [f"{n:<{widths[0]}}  {o:<{widths[1]}} {s:<{widths[2]}}  {r}" for n, o, s, r in rows]
     count = sum(d.quantized for d in decisions.values())
     lines.append(f"{count} of {len(decisions)} ops quantized")
+    if getattr(model, "mqbench_capture", None) == "export":  # prepare_by_platform records how it captured
+        lines.append("captured with torch.export")
     return "\n".join(lines)

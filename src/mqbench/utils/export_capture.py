@@ -267,16 +267,6 @@ def _nodes_of(value: Any) -> list[fx.Node]:
     return found
 
 
-def _describe(node: fx.Node) -> str:
-    trace = node.meta.get("stack_trace") or ""
-    lines = [line.strip() for line in trace.strip().splitlines() if line.strip()]
-    where = ""
-    for index, line in enumerate(lines):
-        if line.startswith("File ") and "site-packages/torch/" not in line and "/mqbench/" not in line:
-            where = line + (f": {lines[index + 1]}" if index + 1 < len(lines) else "")
-    return f"{node.target} ({where})" if where else str(node.target)
-
-
 # -- capture --------------------------------------------------------------------------------------------------
 def _export(
     model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], dynamic_shapes: Any
