@@ -808,7 +808,71 @@ def verify(result: Any, feeds: Mapping[str, np.ndarray], run: VerifyRun) -> Arti
             report.host.cause = f"the file as written does not run: {crash}"
         elif explained is None and as_written.diverging(run.tolerance):
             _thread_race(report.host, path, feeds, served, tail_shown, args)
+        if crash is None and explained is None and report.host.remedy is None and report.host.diverging(run.tolerance):
+            _static_shapes(report.host, model, feeds, [extra, tail], args)
     return report
+
+
+def _with_dynamic_batch(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str]] | None:
+    """A copy of ``model`` whose inputs' and outputs' first dimension is symbolic ("batch"), and the inputs it
+    changed; None where every input's first dimension is symbolic already."""
+    changed = [value.name for value in model.graph.input if _static_first(value)]
+    if not changed:
+        return None
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    del copy.graph.value_info[:]  # intermediate shapes inferred for the static batch
+    for value in [*copy.graph.input, *copy.graph.output]:
+        if _static_first(value):
+            value.type.tensor_type.shape.dim[0].dim_param = "batch"
+    return copy, changed
+
+
+def _static_first(value: onnx.ValueInfoProto) -> bool:
+    dims = value.type.tensor_type.shape.dim
+    return len(dims) > 0 and dims[0].HasField("dim_value")
+
+
+def _static_shapes(
+    host: HostReport,
+    model: onnx.ModelProto,
+    feeds: Mapping[str, np.ndarray],
+    copies: Sequence[Sequence[str]],
+    args: tuple[Any, ...],
+) -> None:
+    """Where the file parts from the simulation and nothing else explains it: whether that depends on its static
+    shapes. OpenVINO's CPU plugin picks other kernels for a static batch (measured on OpenVINO 2026.4: a padded
+    3x3 average pool 2 steps off); if the same file with a dynamic batch dimension computes what the simulation
+    computes, at every tensor verify shows and at the outputs, the cause says so and the remedy is a dynamic batch
+    axis."""
+    run: VerifyRun = args[2]
+    dynamic = _with_dynamic_batch(model)
+    if dynamic is None:
+        return
+    copy, inputs = dynamic
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "dynamic_batch.onnx"
+        onnx.save(copy, str(path))
+        try:
+            served, (values, tail_values) = run_openvino_isolated(path, feeds, copies)
+        except RuntimeError:
+            return
+    shown = compare(HostReport("openvino_onnx", "OpenVINO CPU"), values, *args)
+    tail = {name: tail_values[name] for name in copies[1] if name in tail_values}
+    outputs = served_outputs(HostReport("openvino_onnx", "OpenVINO CPU"), served, tail, *args)
+    if shown.diverging(run.tolerance) or outputs.diverging(run.tolerance) or outputs.missing:
+        return
+    parted = ", ".join(host.diverging(run.tolerance)[:5])
+    host.cause = (
+        f"OpenVINO's CPU plugin computes this file, whose inputs have a static batch dimension, differently at "
+        f"{parted}; the same file with a dynamic batch dimension computes what the simulation computes (the "
+        "plugin picks other kernels for static shapes)"
+    )
+    axes = ", ".join(f"{name!r}: {{0: 'batch'}}" for name in inputs)
+    host.remedy = (
+        f"deploy with a dynamic batch axis: convert_deploy(..., dynamic_axes={{{axes}}}) (a model captured with "
+        "torch.export gets one by default)"
+    )
 
 
 SERVED_THREADS = 2  # the threads verify serves the file on (run_openvino_isolated's default)
