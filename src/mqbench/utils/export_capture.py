@@ -388,7 +388,7 @@ def export_capture(
             # follows train() / eval() as the model's own code did
             module_name = f"_export_dropout_{dropouts}"
             dropouts += 1
-            root.add_module(module_name, nn.Dropout(float(node.args[1])))
+            root.add_module(module_name, nn.Dropout(float(node.args[1])).train(model.training))
             env[node] = graph.call_module(module_name, (env[node.args[0]],))
             env[node].meta["val"] = node.meta.get("val")
             continue
