@@ -236,3 +236,31 @@ def test_the_report_says_the_model_was_captured_with_export():
     traced = prepare_by_platform(zoo_model("resnet18").model, "tensorrt")
     assert quantization_report(exported).splitlines()[-1] == "captured with torch.export"
     assert "torch.export" not in quantization_report(traced)
+
+
+class FunctionalDropout(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(16, 32)
+        self.fc2 = nn.Linear(32, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(F.dropout(F.relu(self.fc1(x)), 0.5, self.training))
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_a_functional_dropout_follows_the_mode_after_export(training):
+    """export bakes ``self.training`` into a functional dropout; the prepared model's dropout follows train() /
+    eval() as the model's own code does, whichever mode it was captured in."""
+    torch.manual_seed(0)
+    model = FunctionalDropout().train(training)
+    x = torch.randn(64, 16)
+    qmodel = prepare_by_platform(model, "tensorrt", {"capture": "export", "example_inputs": x})
+    enable_calibration(qmodel)
+    with torch.no_grad():
+        qmodel.eval()(x)
+        qmodel.train()
+        dropped = qmodel(x) - qmodel(x)  # two draws of the dropout mask
+        qmodel.eval()
+        assert torch.equal(qmodel(x), qmodel(x)) and torch.allclose(qmodel(x), model.eval()(x), atol=1e-6)
+    assert dropped.abs().max() > 0
