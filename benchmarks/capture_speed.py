@@ -18,6 +18,7 @@ Run: .venv/bin/python benchmarks/capture_speed.py [--repeats N]
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
 import warnings
 
@@ -28,6 +29,7 @@ from _timing import interleaved_samples, paired_ratio, print_table, write_json
 from mqbench.models import bert_tiny, resnet18, resnet50
 from mqbench.prepare_by_platform import prepare_by_platform
 from mqbench.utils.state import enable_calibration, enable_quantization
+from prepare_speed import sgd_step
 
 THREADS = 2
 QAT_TARGET = 1.2
@@ -54,8 +56,7 @@ def prepare_times(repeats: int) -> list[dict[str, object]]:
     for name, (model, backend, example) in cases.items():
         functions = {capture: _preparing(model, backend, capture, example) for capture in ("fx", "export")}
         samples = interleaved_samples(functions, repeats, warmup=1)
-        fx_s = sorted(samples["fx"])[len(samples["fx"]) // 2]
-        export_s = sorted(samples["export"])[len(samples["export"]) // 2]
+        fx_s, export_s = statistics.median(samples["fx"]), statistics.median(samples["export"])
         rows.append(
             {
                 "case": name,
@@ -65,17 +66,6 @@ def prepare_times(repeats: int) -> list[dict[str, object]]:
             }
         )
     return rows
-
-
-def sgd_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor):
-    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
-
-    def run() -> None:
-        optimizer.zero_grad(set_to_none=True)
-        nn.functional.cross_entropy(model(x), y).backward()
-        optimizer.step()
-
-    return run
 
 
 def qat_step(repeats: int) -> dict[str, object]:
@@ -98,7 +88,7 @@ def qat_step(repeats: int) -> dict[str, object]:
     samples = interleaved_samples(functions, repeats, warmup=2)
     export_ratio = paired_ratio(samples, "export", "float")
     return {
-        "float_step_s": round(sorted(samples["float"])[repeats // 2], 4),
+        "float_step_s": round(statistics.median(samples["float"]), 4),
         "export_over_float": round(export_ratio, 3),
         "fx_over_float": round(paired_ratio(samples, "fx", "float"), 3),
         "export_over_fx": round(paired_ratio(samples, "export", "fx"), 3),

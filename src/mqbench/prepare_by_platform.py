@@ -35,7 +35,7 @@ from mqbench.custom_quantizer.model_quantizer import ModelQuantizer
 from mqbench.custom_quantizer.qconfig import resolve_qconfig
 from mqbench.nn.intrinsic.qat import freeze_bn_stats
 from mqbench.utils.config import check_keys
-from mqbench.utils.export_capture import CAPTURES, DYNAMIC_AXES, CaptureError, export_capture
+from mqbench.utils.export_capture import CAPTURE_ATTRIBUTE, CAPTURES, DYNAMIC_AXES, export_capture, trace_or_export
 from mqbench.utils.tracer import TracingError, check_model, trace, unwrap_model
 
 __all__ = ["BACKEND_ATTRIBUTE", "CAPTURE_ATTRIBUTE", "CONFIG_KEYS", "BackendType", "prepare_by_platform"]
@@ -53,9 +53,6 @@ CONFIG_KEYS = (
     "example_inputs",
     "dynamic_shapes",
 )
-
-# The prepared GraphModule's attribute naming how the model was captured: "fx" or "export".
-CAPTURE_ATTRIBUTE = "mqbench_capture"
 
 # The prepared GraphModule's attribute naming the backend it was prepared for (a str, not state).
 BACKEND_ATTRIBUTE = "mqbench_backend"
@@ -172,13 +169,7 @@ def _capture(
                 f"{error}\nOr capture it with torch.export: pass prepare_custom_config_dict['example_inputs'] "
                 "(what the model is called with) and prepare tries torch.export where torch.fx fails."
             ) from error
-    try:
-        return trace(model, config.get("concrete_args"), leaf_modules), "fx"
-    except TracingError as fx_error:
-        try:
-            return export_capture(model, example, dynamic, leaf_modules), "export"
-        except CaptureError as export_error:
-            raise CaptureError(f"neither capture works.\n{fx_error}\n{export_error}") from export_error
+    return trace_or_export(model, example, config.get("concrete_args"), leaf_modules, dynamic)
 
 
 @contextlib.contextmanager

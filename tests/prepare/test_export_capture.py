@@ -264,3 +264,32 @@ def test_a_functional_dropout_follows_the_mode_after_export(training):
         qmodel.eval()
         assert torch.equal(qmodel(x), qmodel(x)) and torch.allclose(qmodel(x), model.eval()(x), atol=1e-6)
     assert dropped.abs().max() > 0
+
+
+class PositionEncoded(nn.Module):
+    """Token embeddings plus a sinusoidal position encoding computed in forward (no sentinel in it), then an
+    additive -10000 mask on the scores: ranges like any other, quantized as torch.fx's capture quantizes them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(50, 16)
+        self.q, self.k = nn.Linear(16, 16), nn.Linear(16, 16)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        positions = torch.arange(input_ids.shape[1], dtype=torch.float32)[:, None]
+        encoding = torch.sin(positions / 10 ** (torch.arange(16) / 16))
+        h = self.embed(input_ids) + encoding
+        scores = self.q(h) @ self.k(h).transpose(1, 2) + (1.0 - attention_mask[:, None, :].float()) * -10000.0
+        return scores.softmax(-1) @ h
+
+
+def test_a_position_encoding_and_a_finite_mask_are_quantized_as_fx_quantizes_them():
+    ids = torch.randint(0, 50, (2, 6), generator=torch.Generator().manual_seed(0))
+    inputs = {"input_ids": ids, "attention_mask": torch.ones(2, 6, dtype=torch.long)}
+    names = {}
+    for capture in ("fx", "export"):
+        qmodel = prepare_by_platform(
+            PositionEncoded().eval(), "tensorrt", {"capture": capture, "example_inputs": inputs}
+        )
+        names[capture] = sorted(n for n, _ in qmodel.named_modules() if n.endswith("post_act_fake_quantizer"))
+    assert names["fx"] == names["export"] and any(n.startswith("add") for n in names["export"]), names

@@ -46,9 +46,9 @@ from mqbench.custom_quantizer.plan import PLAN_ATTRIBUTE, plan_of
 from mqbench.fake_quantize import QuantizeBase
 from mqbench.nn import quantized as nnq
 from mqbench.nn.intrinsic.qat.modules.bn_folding import BnFoldingModule
-from mqbench.utils.export_capture import CaptureError, export_capture
+from mqbench.utils.export_capture import trace_or_export
 from mqbench.utils.state import enable_calibration, enable_quantization
-from mqbench.utils.tracer import TracingError, trace
+from mqbench.utils.tracer import trace
 
 __all__ = ["convert_fx", "prepare_fx", "prepare_qat_fx"]
 
@@ -71,15 +71,10 @@ def _prepare(
         raise ValueError("example_inputs must be a tuple of the model's positional inputs")
     training = model.training
     copied = copy.deepcopy(model).train(is_qat)
-    try:
+    if concrete_args:  # torch.fx's options: traced with torch.fx alone
         graph_module = trace(copied, concrete_args, (), None)
-    except TracingError as fx_error:  # torch.fx cannot follow the forward: capture it with torch.export
-        if concrete_args:
-            raise
-        try:
-            graph_module = export_capture(copied, tuple(example_inputs))
-        except CaptureError as export_error:
-            raise CaptureError(f"neither capture works.\n{fx_error}\n{export_error}") from export_error
+    else:  # torch.fx, and torch.export on the example inputs where fx cannot follow the forward
+        graph_module, _ = trace_or_export(copied, tuple(example_inputs))
 
     def qconfig_for(name: str, op: Any, index: int | None) -> Any:
         return qconfig_mapping.qconfig_for(name, op, index=index)

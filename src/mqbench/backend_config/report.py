@@ -23,6 +23,7 @@ from __future__ import annotations
 from torch import nn
 
 from mqbench.backend_config.engine import decisions_of
+from mqbench.utils.export_capture import CAPTURE_ATTRIBUTE
 
 __all__ = ["quantization_report"]
 
@@ -49,6 +50,6 @@ def quantization_report(model: nn.Module) -> str:
     lines += [f"{n:<{widths[0]}}  {o:<{widths[1]}} {s:<{widths[2]}}  {r}" for n, o, s, r in rows]
     count = sum(d.quantized for d in decisions.values())
     lines.append(f"{count} of {len(decisions)} ops quantized")
-    if getattr(model, "mqbench_capture", None) == "export":  # prepare_by_platform records how it captured
+    if getattr(model, CAPTURE_ATTRIBUTE, None) == "export":  # prepare_by_platform records how it captured
         lines.append("captured with torch.export")
     return "\n".join(lines)

@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
+import torch.utils._pytree as pytree
 from torch import fx, nn
 
 from mqbench.backends.spec import Placement
@@ -105,8 +106,8 @@ def _has_activation_ancestor(node: fx.Node, kinds: Mapping[fx.Node, str | None],
 def _carries_data(node: fx.Node, kinds: Mapping[fx.Node, str | None], memo: dict[fx.Node, bool]) -> bool:
     """Whether ``node`` is computed from the data the model runs on: a float input (or an input of unknown type)
     or a layer. Not so: values computed only from integer inputs and constants, such as an attention mask
-    ``(1 - mask) * finfo.min`` or position arithmetic, which are never quantized (their sentinel values are no
-    range an integer grid can hold). Input types are known where the capture recorded them (torch.export)."""
+    ``(1 - mask) * finfo.min`` or position arithmetic. Input types are known where the capture recorded them
+    (torch.export); an input of unknown type counts as data."""
     if node in memo:
         return memo[node]
     memo[node] = False  # bounds recursion on shared inputs
@@ -124,6 +125,7 @@ def _carries_data(node: fx.Node, kinds: Mapping[fx.Node, str | None], memo: dict
 
 
 _SENTINEL = 1e30  # a fill value at least this large stands for "masked out" (finfo.min, -inf)
+_Memos = tuple[dict[fx.Node, bool], dict[fx.Node, bool]]  # (carries data, holds a sentinel) per node
 _FILLING = frozenset({"where", "masked_fill", "masked_fill_"})
 _ADDING = frozenset({"add", "sub", "add_", "sub_", "__add__", "__sub__", "__iadd__", "__isub__"})
 
@@ -135,11 +137,35 @@ def _name_of(node: fx.Node) -> str:
     return name.split(".")[0]
 
 
-def _masked(node: fx.Node, kinds: Mapping[fx.Node, str | None], memo: dict[fx.Node, bool]) -> bool:
-    """Whether ``node`` combines values with an attention mask: a ``where`` / ``masked_fill`` whose fill value
-    is a sentinel (a literal beyond 1e30 or infinite, or a value computed from no data), or an ``add`` / ``sub``
-    of mask arithmetic (computed from integer inputs and constants). Its masked entries hold ``finfo.min``: no
-    integer grid holds both them and the values, so it is not quantized."""
+def _is_sentinel(value: typing.Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and abs(value) >= _SENTINEL
+
+
+def _holds_sentinel(node: fx.Node, kinds: Mapping[fx.Node, str | None], memos: _Memos) -> bool:
+    """Whether ``node`` is mask arithmetic built with a sentinel: computed from no data (see
+    :func:`_carries_data`) and with a literal beyond 1e30 (``finfo.min``, ``-inf``) among the arguments of it or
+    of what it is computed from."""
+    data, memo = memos
+    if node in memo:
+        return memo[node]
+    memo[node] = False
+    result = (
+        node.op in ("call_function", "call_method")
+        and not _carries_data(node, kinds, data)
+        and (
+            any(_is_sentinel(v) for v in pytree.tree_leaves((node.args, node.kwargs)))
+            or any(_holds_sentinel(a, kinds, memos) for a in node.all_input_nodes)
+        )
+    )
+    memo[node] = result
+    return result
+
+
+def _masked(node: fx.Node, kinds: Mapping[fx.Node, str | None], memos: _Memos) -> bool:
+    """Whether ``node`` combines values with an attention mask that holds a sentinel: a ``where`` /
+    ``masked_fill`` whose fill value is a literal beyond 1e30 or mask arithmetic built with one, or an ``add`` /
+    ``sub`` of such mask arithmetic. Its masked entries hold ``finfo.min``: no integer grid holds both them and
+    the values, so it is not quantized (an added position encoding or a -10000 mask is a range like any other)."""
     if node.op not in ("call_function", "call_method"):
         return False
     name = _name_of(node)
@@ -148,17 +174,10 @@ def _masked(node: fx.Node, kinds: Mapping[fx.Node, str | None], memo: dict[fx.No
         fills = [a for i, a in enumerate(node.args) if i != condition and (name == "where" or i > 0)]
         fills += [v for k, v in node.kwargs.items() if k in ("value", "other", "input")]
     elif name in _ADDING:
-        fills = [a for a in node.args if isinstance(a, fx.Node) and a.op != "get_attr"]
-        if len(fills) < 2:
-            return False
+        fills = [a for a in node.args if isinstance(a, fx.Node)]
     else:
         return False
-    for fill in fills:
-        if isinstance(fill, (int, float)) and not isinstance(fill, bool) and abs(fill) >= _SENTINEL:
-            return True
-        if isinstance(fill, fx.Node) and fill.op != "get_attr" and not _carries_data(fill, kinds, memo):
-            return True
-    return False
+    return any(_is_sentinel(f) or (isinstance(f, fx.Node) and _holds_sentinel(f, kinds, memos)) for f in fills)
 
 
 def _single_user(node: fx.Node) -> fx.Node | None:
@@ -229,12 +248,14 @@ def plan_activation_quantizers(
     sites: dict[fx.Node, ActivationSite] = {}
 
     data_memo: dict[fx.Node, bool] = {}
+    sentinel_memo: dict[fx.Node, bool] = {}
 
     def mark(value: fx.Node, consumer: fx.Node | None) -> ActivationSite | None:
         if value.op == "get_attr" or not _is_tensor(value, tensor_memo):
             return None
-        if not _carries_data(value, kinds, data_memo) or _masked(value, kinds, data_memo):
-            return None
+        memos = (data_memo, sentinel_memo)
+        if _holds_sentinel(value, kinds, memos) or _masked(value, kinds, memos):
+            return None  # an attention mask holding finfo.min, or values it filled or was added to
         site = sites.setdefault(value, ActivationSite(value))
         if consumer is None:
             site.consumers = None

@@ -48,18 +48,24 @@ import torch.utils._pytree as pytree
 from torch import fx, nn
 
 from mqbench.utils.hf_capture import masks_without_vmap
+from mqbench.utils.tracer import TracingError, trace
 
 __all__ = [
     "CAPTURES",
+    "CAPTURE_ATTRIBUTE",
     "DYNAMIC_AXES",
     "CaptureError",
     "default_dynamic_shapes",
     "dynamic_axes",
     "export_capture",
     "split_example_inputs",
+    "trace_or_export",
 ]
 
 CAPTURES = ("auto", "fx", "export")
+
+# The prepared GraphModule's attribute naming how the model was captured: "fx" or "export".
+CAPTURE_ATTRIBUTE = "mqbench_capture"
 
 aten = torch.ops.aten
 
@@ -267,6 +273,38 @@ def _nodes_of(value: Any) -> list[fx.Node]:
     return found
 
 
+def _module_calls(
+    source: fx.Graph, modules: Mapping[str, nn.Module], leaves: tuple[type, ...], lifted: Mapping[str, str]
+) -> tuple[dict[fx.Node, Any], dict[Any, tuple[fx.Node, fx.Node]]]:
+    """Which call of a kept-whole module each node of export's graph belongs to, and the calls that become one
+    ``call_module`` node: those with one input other than their own parameters and one output, their last node."""
+    calls: dict[fx.Node, Any] = {}
+    for node in source.nodes:
+        if node.op == "call_function" and node.target not in _ASSERTIONS:
+            call = _module_call(node, modules, leaves)
+            if call is not None:
+                calls[node] = call
+    members: dict[Any, list[fx.Node]] = {}
+    for node, call in calls.items():
+        members.setdefault(call, []).append(node)
+    whole: dict[Any, tuple[fx.Node, fx.Node]] = {}  # call -> (its one input, its one output node)
+    for call, nodes in members.items():
+        inside = set(nodes)
+        own = f"{call[1]}."
+        inputs: list[fx.Node] = []
+        for node in nodes:
+            for arg in _nodes_of((node.args, node.kwargs)):
+                if arg in inside or arg in inputs:
+                    continue
+                if arg.op == "placeholder" and str(lifted.get(arg.name, "")).startswith(own):
+                    continue
+                inputs.append(arg)
+        outputs = [node for node in nodes if any(user not in inside for user in node.users)]
+        if len(inputs) == 1 and len(outputs) == 1 and outputs[0] is nodes[-1]:
+            whole[call] = (inputs[0], outputs[0])
+    return calls, whole
+
+
 # -- capture --------------------------------------------------------------------------------------------------
 def _export(
     model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], dynamic_shapes: Any
@@ -314,35 +352,11 @@ def export_capture(
     modules = dict(model.named_modules())
     graph = fx.Graph()
     env: dict[fx.Node, Any] = {}
-    root = model
+    root = model  # the captured graph runs on the model's own modules and tensors
     constants = dropouts = 0
     source = program.graph
 
-    # which module call each node belongs to, and the calls that can be one call_module node
-    calls: dict[fx.Node, Any] = {}
-    for node in source.nodes:
-        if node.op == "call_function" and node.target not in _ASSERTIONS:
-            call = _module_call(node, modules, leaves)
-            if call is not None:
-                calls[node] = call
-    members: dict[Any, list[fx.Node]] = {}
-    for node, call in calls.items():
-        members.setdefault(call, []).append(node)
-    whole: dict[Any, tuple[fx.Node, fx.Node]] = {}  # call -> (its one input, its one output node)
-    for call, nodes in members.items():
-        inside = set(nodes)
-        own = f"{call[1]}."
-        inputs = []
-        for node in nodes:
-            for arg in _nodes_of((node.args, node.kwargs)):
-                if arg in inside or arg in inputs:
-                    continue
-                if arg.op == "placeholder" and str(lifted.get(arg.name, "")).startswith(own):
-                    continue
-                inputs.append(arg)
-        outputs = [node for node in nodes if any(user not in inside for user in node.users)]
-        if len(inputs) == 1 and len(outputs) == 1 and outputs[0] is nodes[-1]:
-            whole[call] = (inputs[0], outputs[0])
+    calls, whole = _module_calls(source, modules, leaves, lifted)
 
     for node in source.nodes:
         if node.op == "placeholder":
@@ -372,10 +386,10 @@ def export_capture(
                 setattr(root, target, value)
             env[node] = graph.get_attr(target)
             continue
-        if node.op != "call_function" or node.target in _ASSERTIONS:
-            if node.op == "call_function":
-                continue
+        if node.op != "call_function":
             raise CaptureError(f"torch.export wrote a {node.op} node {node.name!r}, which mqbench cannot prepare")
+        if node.target in _ASSERTIONS:
+            continue
         call = calls.get(node)
         if call is not None and call in whole:
             first, last = whole[call]
@@ -412,8 +426,9 @@ def export_capture(
     graph.lint()
     captured = fx.GraphModule(root, graph, type(model).__name__)
     _check(model, captured, args, kwargs)
-    if any(dynamic_axes(graph).values()):
-        captured.meta[DYNAMIC_AXES] = dynamic_axes(graph)
+    axes = dynamic_axes(graph)
+    if any(axes.values()):
+        captured.meta[DYNAMIC_AXES] = axes
     return captured
 
 
@@ -525,3 +540,22 @@ def _check(model: nn.Module, captured: fx.GraphModule, args: tuple[Any, ...], kw
             "on the example inputs: capture it with torch.fx (prepare_custom_config_dict['capture'] = 'fx'), or "
             "list the module that differs in prepare_custom_config_dict['leaf_module']"
         )
+
+
+def trace_or_export(
+    model: nn.Module,
+    example_inputs: Any,
+    concrete_args: dict[str, Any] | None = None,
+    leaf_modules: Sequence[type] = (),
+    dynamic_shapes: Any = None,
+) -> tuple[fx.GraphModule, str]:
+    """``capture="auto"``: torch.fx, and where it cannot trace the model, torch.export on ``example_inputs``;
+    the graph and which captured it ("fx" or "export"). Neither working is one :class:`CaptureError` with both
+    reasons."""
+    try:
+        return trace(model, concrete_args, leaf_modules), "fx"
+    except TracingError as fx_error:
+        try:
+            return export_capture(model, example_inputs, dynamic_shapes, leaf_modules), "export"
+        except CaptureError as export_error:
+            raise CaptureError(f"neither capture works.\n{fx_error}\n{export_error}") from export_error
