@@ -293,3 +293,54 @@ def test_a_position_encoding_and_a_finite_mask_are_quantized_as_fx_quantizes_the
         )
         names[capture] = sorted(n for n, _ in qmodel.named_modules() if n.endswith("post_act_fake_quantizer"))
     assert names["fx"] == names["export"] and any(n.startswith("add") for n in names["export"]), names
+
+
+class WrittenMask(nn.Module):
+    """Attention whose padding mask is written into a view of a zero tensor, as OPT builds its mask:
+    ``whole`` one slice with a traced end, ``chain`` a slice of a slice, ``select`` one head by an integer."""
+
+    def __init__(self, form: str):
+        super().__init__()
+        self.form = form
+        self.embed = nn.Embedding(20, 16)
+        self.qkv = nn.Linear(16, 48)
+        self.out = nn.Linear(16, 4)
+
+    def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        x = self.embed(ids)
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        length = ids.shape[1]
+        bias = torch.zeros(ids.shape[0], 2, length, length)
+        padded = (mask[:, None, None, :] == 0).expand(-1, 2, length, -1)
+        filled = bias[:, :, :, :length].masked_fill(padded, torch.finfo(x.dtype).min)
+        if self.form == "whole":
+            bias[:, :, :, :length] = filled
+        elif self.form == "chain":
+            view = bias[0:]
+            view[:, :, 0:] = filled
+        else:
+            bias[:, 0] = filled[:, 0]
+            bias[:, 1] = filled[:, 1]
+        scores = (q @ k.transpose(-1, -2)).unsqueeze(1) + bias
+        return self.out((scores.softmax(-1) @ v.unsqueeze(1)).mean(1))
+
+
+@pytest.mark.parametrize("form", ["whole", "chain", "select"])
+def test_a_mask_written_into_a_view_reaches_the_deployed_file(form, tmp_path):
+    """export records ``bias[...] = filled`` as ATen copies into views, which the ONNX exporter dropped (the file
+    had no mask input and attended to padding): capture writes them as one assignment to the base tensor."""
+    torch.manual_seed(0)
+    model = WrittenMask(form).eval()
+    ids = torch.randint(0, 20, (4, 9), generator=torch.Generator().manual_seed(3))
+    mask = torch.ones(4, 9, dtype=torch.long)
+    mask[1, 5:] = 0
+    mask[3, 2:] = 0
+    qmodel = _calibrated(model, "tensorrt", {"capture": "export", "example_inputs": (ids, mask)}, ids, mask)
+    with torch.no_grad():
+        unmasked = model(ids, torch.ones_like(mask))
+        assert not torch.allclose(model(ids, mask)[1], unmasked[1])  # the mask changes what a padded row computes
+    result = convert_deploy(qmodel, "tensorrt", dummy_input=(ids, mask), output_path=tmp_path)
+    inputs = [i.name for i in onnx.load(result.artifacts["deploy_onnx"]).graph.input]
+    assert len(inputs) == 2, inputs  # the mask is an input of the file
+    report = verify_deploy(qmodel, result, (ids[:3, :7], mask[:3, :7]))
+    assert report.passed, report.failures()

@@ -39,6 +39,7 @@ Example:
 from __future__ import annotations
 
 import operator
+import typing
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -55,6 +56,7 @@ __all__ = [
     "CAPTURE_ATTRIBUTE",
     "DYNAMIC_AXES",
     "CaptureError",
+    "after_write",
     "default_dynamic_shapes",
     "dynamic_axes",
     "export_capture",
@@ -185,6 +187,60 @@ def _slice(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
 def _select(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     x, dim, index = args[:3]
     return (operator.getitem, (x, (slice(None),) * int(dim) + (index,)), {})
+
+
+def after_write(tensor: torch.Tensor, write: Any) -> torch.Tensor:
+    """``tensor`` itself, read after ``write`` (the ``tensor[index] = value`` node of the graph): what reads the
+    tensor after a write reads this node, so a quantizer placed on its value, and the placement rules that look
+    at what a value is computed from, see the write."""
+    return tensor
+
+
+def _full(part: Any) -> bool:
+    """Whether a slice takes a whole dimension."""
+    return (
+        isinstance(part, slice)
+        and part.start in (None, 0)
+        and (part.stop is None or (isinstance(part.stop, int) and part.stop >= _WHOLE))
+        and part.step in (None, 1)
+    )
+
+
+_WHOLE = 2**62  # a slice end at least this large is export's "to the end"
+
+
+def _assignment(node: fx.Node) -> tuple[fx.Node, tuple[Any, ...], Any] | None:
+    """``(base, index, value)`` when ``node`` copies ``value`` into a chain of slices and selections of ``base``.
+
+    Written as one ``base[index] = value``: torch.onnx.export (TorchScript) drops a copy into a view taken by
+    several indexing steps, or by an ATen call, and the exported graph then computes without the write (a
+    padding mask built this way vanished). None where the chain cannot be written as one index (two slices of
+    one dimension, or another view op); such a node is kept as export wrote it."""
+    if node.target is not aten.copy_.default or len(node.args) < 2:
+        return None
+    view = node.args[0]
+    chain = []
+    while isinstance(view, fx.Node) and view.target in (aten.slice.Tensor, aten.select.int):
+        chain.append(view)
+        view = view.args[0]
+    value = view.meta.get("val") if isinstance(view, fx.Node) else None
+    if not chain or not isinstance(value, torch.Tensor):
+        return None
+    index: list[Any] = [slice(None)] * value.dim()
+    dims = list(range(value.dim()))  # the base dimension of each dimension of the current view
+    for step in reversed(chain):
+        dim = int(typing.cast(int, step.args[1])) if len(step.args) > 1 else 0
+        dim = dim + len(dims) if dim < 0 else dim
+        if not 0 <= dim < len(dims) or not _full(index[dims[dim]]):
+            return None
+        if step.target is aten.select.int:
+            index[dims.pop(dim)] = step.args[2]
+            continue
+        start, end, stride = (list(step.args[2:]) + [None, None, 1][len(step.args) - 2 :])[:3]
+        part = slice(start, end, stride)
+        if not _full(part):
+            index[dims[dim]] = part
+    return typing.cast(fx.Node, view), tuple(index), node.args[1]
 
 
 _ATEN: dict[Any, Callable[[tuple[Any, ...], dict[str, Any]], Any]] = {
@@ -405,6 +461,17 @@ def export_capture(
             root.add_module(module_name, nn.Dropout(float(node.args[1])).train(model.training))
             env[node] = graph.call_module(module_name, (env[node.args[0]],))
             env[node].meta["val"] = node.meta.get("val")
+            continue
+        assignment = _assignment(node)
+        if assignment is not None:  # ``base[index] = value``: the form the ONNX exporter writes as a scatter
+            base, index, value = typing.cast(tuple[Any, ...], fx.node.map_arg(assignment, lambda n: env[n]))
+            env[node] = env[node.args[0]]  # the view, which now reads the written values
+            # Later readers of the base read it through a view taken after the write: a quantizer placed on
+            # that view reads the written values (one placed on the base itself would read them before it).
+            setter = graph.call_function(operator.setitem, (base, index, value))
+            written = graph.call_function(after_write, (base, setter), name=f"{base.name}_written")
+            written.meta["val"] = base.meta.get("val")
+            env[assignment[0]] = written
             continue
         call_args = tuple(fx.node.map_arg(node.args, lambda n: env[n]))
         call_kwargs = dict(fx.node.map_arg(node.kwargs, lambda n: env[n]))
