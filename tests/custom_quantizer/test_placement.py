@@ -303,6 +303,35 @@ def test_square_is_a_binary_op(backend):
     assert quantized_edges(gm) == {"x": {"conv"}, "conv": {"mul", "add"}, "add": {"conv2"}}
 
 
+class WrittenActivations(nn.Module):
+    """Activation functions written as arithmetic: tanh GELU (as GPT-2 writes it), erf GELU, x * sigmoid(x)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.conv2, self.conv3, self.conv4 = (nn.Conv2d(3, 3, 1) for _ in range(4))
+
+    def forward(self, x):
+        h = self.conv(x)
+        h = 0.5 * h * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (h + 0.044715 * torch.pow(h, 3.0))))
+        h = self.conv2(h)
+        h = h * 0.5 * (1.0 + torch.erf(h / math.sqrt(2.0)))
+        h = self.conv3(h)
+        return self.conv4(h * torch.sigmoid(h))
+
+    @staticmethod
+    def inputs():
+        return (torch.randn(1, 3, 2, 2),)
+
+
+@pytest.mark.parametrize("backend", [*EXPLICIT, "openvino"])
+def test_an_activation_written_as_arithmetic_is_one_op(backend):
+    """A runtime computes such a function as one op (fused, in float): no quantizer goes between its ops (the
+    products and sums inside are of one tensor, through a non-linear op), only at the layers' inputs."""
+    gm = prepared(WrittenActivations(), backend)
+    readers = sorted(sorted(r) for r in quantized_edges(gm).values())
+    assert readers == [["conv"], ["conv2"], ["conv3"], ["conv4"]], quantized_edges(gm)
+
+
 # -- all-integer: SNPE, PPLW8A16, PPLCUDA, STPU ---------------------------------------------------
 @pytest.mark.parametrize("backend", TOTAL_INT)
 def test_total_int_quantizes_inputs_and_outputs(backend):

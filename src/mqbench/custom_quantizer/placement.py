@@ -180,6 +180,47 @@ def _masked(node: fx.Node, kinds: Mapping[fx.Node, str | None], memos: _Memos) -
     return any(_is_sentinel(f) or (isinstance(f, fx.Node) and _holds_sentinel(f, kinds, memos)) for f in fills)
 
 
+# Elementwise ops an activation function is written from (with scalar constants), and the non-linear ones.
+_NONLINEAR = frozenset({"tanh", "sigmoid", "erf", "exp", "hardsigmoid", "relu", "relu6", "hardtanh", "clamp"})
+_ELEMENTWISE = _NONLINEAR | {"add", "sub", "mul", "truediv", "div", "rsub", "neg", "pow", "square"}
+_ELEMENTWISE |= {f"__{name}__" for name in ("add", "sub", "mul", "truediv", "radd", "rsub", "rmul", "pow", "neg")}
+
+
+def _composite_activations(graph: fx.Graph, tensor_memo: dict[fx.Node, bool]) -> set[fx.Node]:
+    """The ops of activation functions written as elementwise arithmetic of one tensor ``x``: tanh GELU
+    ``0.5 * x * (1 + tanh(0.798 * (x + 0.045 * x ** 3)))``, erf GELU, ``x * sigmoid(x)``,
+    ``x * hardsigmoid(x)``. Such a function is one activation op to a backend (its runtime computes it fused,
+    in float), so no quantizer goes between its ops: a top is a binary op of two values computed from ``x`` alone,
+    one of them through a non-linear op and the other not; the function's ops are those between ``x`` and the top
+    (``x * x``, with nothing non-linear, and ``sigmoid(x) * tanh(x)`` are integer products like any other)."""
+    root: dict[fx.Node, fx.Node] = {}  # the tensor a node is an elementwise function of (itself if none)
+    bent: dict[fx.Node, bool] = {}  # computed from its root through a non-linear op
+    tops = []
+    for node in graph.nodes:
+        root[node], bent[node] = node, False
+        if node.op not in ("call_function", "call_method") or _name_of(node) not in _ELEMENTWISE:
+            continue
+        tensors = [a for a in node.all_input_nodes if _is_tensor(a, tensor_memo)]
+        sources = {root.get(a, a) for a in tensors}
+        if len(sources) != 1:
+            continue
+        (source,) = sources
+        root[node] = source
+        bent[node] = _name_of(node) in _NONLINEAR or any(bent.get(a, False) for a in tensors)
+        if len(tensors) == 2 and sorted(bent.get(a, False) for a in tensors) == [False, True]:
+            tops.append(node)  # x (or x scaled) times a non-linear function of x
+    inside: set[fx.Node] = set()
+    for top in tops:
+        stack = [top]
+        while stack:
+            node = stack.pop()
+            if node in inside or node is root[top] or root.get(node) is not root[top]:
+                continue
+            inside.add(node)
+            stack.extend(node.all_input_nodes)
+    return inside
+
+
 def _single_user(node: fx.Node) -> fx.Node | None:
     users = list(node.users)
     return users[0] if len(users) == 1 else None
@@ -265,12 +306,13 @@ def plan_activation_quantizers(
 
     edges = edge_layers(graph, modules) if placement.first_last_8bit else set()
     shared_groups: list[list[fx.Node]] = []
+    composite = _composite_activations(graph, tensor_memo)
 
     for node in graph.nodes:
         kind = kinds[node]
         if node.op in ("placeholder", "output", "get_attr") or rules.excluded(node):
             continue
-        if rules.quantize_input(node):
+        if rules.quantize_input(node) and node not in composite:
             inputs = _tensor_args(node, tensor_memo)
             if node.op == "call_module" or kind in WEIGHTED_KINDS:
                 inputs = inputs[:1]  # the activation; weights belong to the module
