@@ -36,6 +36,7 @@ from mqbench.custom_quantizer.qconfig import resolve_qconfig
 from mqbench.nn.intrinsic.qat import freeze_bn_stats
 from mqbench.utils.config import check_keys
 from mqbench.utils.export_capture import CAPTURE_ATTRIBUTE, CAPTURES, DYNAMIC_AXES, export_capture, trace_or_export
+from mqbench.utils.hf_capture import linear_layers
 from mqbench.utils.tracer import TracingError, check_model, trace, unwrap_model
 
 __all__ = ["BACKEND_ATTRIBUTE", "CAPTURE_ATTRIBUTE", "CONFIG_KEYS", "BackendType", "prepare_by_platform"]
@@ -237,6 +238,7 @@ def prepare_by_platform(
     training = model.training
     source = model
     model = copy.deepcopy(model)  # the prepared model owns its modules; the user's model is left as it was
+    linear_layers(model)  # transformers' Conv1D (GPT-2) is prepared as the nn.Linear it is
     half = bool(_half_types(model))
     _to_float32(model)
     if is_qat is None:

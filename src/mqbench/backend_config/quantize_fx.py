@@ -47,6 +47,7 @@ from mqbench.fake_quantize import QuantizeBase
 from mqbench.nn import quantized as nnq
 from mqbench.nn.intrinsic.qat.modules.bn_folding import BnFoldingModule
 from mqbench.utils.export_capture import trace_or_export
+from mqbench.utils.hf_capture import linear_layers
 from mqbench.utils.state import enable_calibration, enable_quantization
 from mqbench.utils.tracer import trace
 
@@ -71,6 +72,7 @@ def _prepare(
         raise ValueError("example_inputs must be a tuple of the model's positional inputs")
     training = model.training
     copied = copy.deepcopy(model).train(is_qat)
+    linear_layers(copied)  # transformers' Conv1D (GPT-2) is prepared as the nn.Linear it is
     if concrete_args:  # torch.fx's options: traced with torch.fx alone
         graph_module = trace(copied, concrete_args, (), None)
     else:  # torch.fx, and torch.export on the example inputs where fx cannot follow the forward

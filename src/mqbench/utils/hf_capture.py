@@ -21,8 +21,9 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
+from torch import nn
 
-__all__ = ["broadcast_for_bhqkv", "masks_without_vmap"]
+__all__ = ["broadcast_for_bhqkv", "linear_layers", "masks_without_vmap"]
 
 
 def broadcast_for_bhqkv(mask_function: Callable[..., Any], bh_indices: bool = True) -> Callable[..., Any]:
@@ -66,3 +67,35 @@ def masks_without_vmap() -> Iterator[None]:
         masking._vmap_for_bhqkv = original  # type: ignore[attr-defined]
         if indexing is not None:
             masking.TransformGetItemToIndex = indexing  # type: ignore[attr-defined]
+
+
+def _transposed_linear(module: nn.Module) -> bool:
+    """transformers' ``Conv1D`` (GPT-2 and its relatives): a linear layer with its weight stored ``[in, out]``."""
+    cls = type(module)
+    return cls.__name__ == "Conv1D" and cls.__module__.startswith("transformers.") and hasattr(module, "nf")
+
+
+def linear_layers(model: nn.Module) -> int:
+    """Replace, in place, each of transformers' ``Conv1D`` layers in ``model`` by the ``nn.Linear`` it is (the
+    weight transposed, the same bias and device), and return how many were replaced.
+
+    ``Conv1D`` computes ``addmm(bias, x, weight)`` in its forward, so a capture sees a matrix product with a
+    parameter, not a layer: no weight quantizer and no integer layer on any backend (GPT-2's every projection
+    stayed float). As ``nn.Linear`` it is prepared like any linear layer. Called on prepare's own copy of the
+    model; the user's model keeps its layers."""
+    replaced = 0
+    for name, module in list(model.named_modules()):
+        if not _transposed_linear(module):
+            continue
+        weight = module.weight.detach()
+        linear = nn.Linear(weight.shape[0], weight.shape[1], bias=module.bias is not None)
+        linear.to(device=weight.device, dtype=weight.dtype)
+        with torch.no_grad():
+            linear.weight.copy_(weight.t())
+            if module.bias is not None:
+                linear.bias.copy_(module.bias.detach())
+        linear.train(module.training)
+        parent, _, child = name.rpartition(".")
+        setattr(model.get_submodule(parent) if parent else model, child, linear)
+        replaced += 1
+    return replaced
