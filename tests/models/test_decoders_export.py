@@ -36,6 +36,9 @@ DECODERS = {
         transformers.Qwen2Config(hidden_size=32, intermediate_size=64, num_key_value_heads=1, **SMALL)
     ),
     "phi": lambda: transformers.PhiForCausalLM(transformers.PhiConfig(hidden_size=32, intermediate_size=64, **SMALL)),
+    "opt": lambda: transformers.OPTForCausalLM(
+        transformers.OPTConfig(hidden_size=32, ffn_dim=64, word_embed_proj_dim=32, **SMALL)
+    ),
 }
 
 
@@ -59,7 +62,7 @@ def _tokens(batch: int, length: int, seed: int) -> dict[str, torch.Tensor]:
 
 CASES = [(name, "tensorrt_nlp") for name in DECODERS]
 CASES += [("llama", backend) for backend in ("academic_nlp", "tensorrt", "openvino")]
-CASES += [("gpt2", "tensorrt"), ("mistral", "openvino")]
+CASES += [("gpt2", "tensorrt"), ("gpt2", "openvino"), ("mistral", "openvino"), ("opt", "openvino")]
 
 
 @pytest.mark.parametrize(("name", "backend"), CASES)
@@ -88,6 +91,37 @@ def test_a_decoder_prefill_prepares_deploys_and_verifies(name, backend, tmp_path
     assert axes[0] == ["batch", "sequence"] and all(a and all(a) for a in axes), axes  # every dimension dynamic
     report = verify_deploy(qmodel, result, other)  # deployed for 4 x 10, verified on 3 x 7 with padding
     assert report.passed, report.failures()
+
+
+def test_gpt2_projections_are_prepared_as_linear_layers():
+    """GPT-2 stores its projections as transformers' Conv1D (a weight ``[in, out]`` used by ``addmm``): prepared as
+    the nn.Linear it is, every projection gets a weight quantizer, and the float model is left as it was."""
+    model = _decoder("gpt2")
+    qmodel = prepare_by_platform(model, "tensorrt_nlp", {"example_inputs": _tokens(2, 6, seed=5)})
+    conv1d = [name for name, m in model.named_modules() if type(m).__name__ == "Conv1D"]
+    assert len(conv1d) == 8  # c_attn, c_proj, mlp.c_fc, mlp.c_proj in each of two blocks
+    for name in conv1d:
+        layer = qmodel.get_submodule(name)
+        assert hasattr(layer, "weight_fake_quant"), name
+        assert torch.equal(layer.weight, model.get_submodule(name).weight.t()), name
+        assert type(model.get_submodule(name)).__name__ == "Conv1D"
+
+
+def test_an_openvino_layernorm_without_epsilon_is_named(tmp_path):
+    """OpenVINO 2026.4's CPU plugin normalizes the LayerNormalizations of a file with FakeQuantize nodes without
+    their epsilon. Phi at random initialization has residual rows with a variance near 3e-4, within 30 times
+    epsilon (1e-5), where that is about 1.6% of a value: verify then fails and names this cause; a plugin that keeps
+    epsilon passes."""
+    model = _decoder("phi")
+    inputs = _tokens(4, 10, seed=1)
+    qmodel = prepare_by_platform(model, "openvino", {**(host_config("openvino") or {}), "example_inputs": inputs})
+    enable_calibration(qmodel)
+    with torch.no_grad():
+        qmodel(**inputs)
+    enable_quantization(qmodel)
+    result = convert_deploy(qmodel, "openvino", dummy_input=inputs, output_path=tmp_path)
+    report = verify_deploy(qmodel, result, _tokens(3, 7, seed=3))
+    assert report.passed or all("without its epsilon" in failure for failure in report.failures()), report.failures()
 
 
 def test_mask_arithmetic_is_never_quantized():
