@@ -6,6 +6,7 @@ Each pass takes a GraphModule, edits it in place, lints and recompiles it, and r
 from __future__ import annotations
 
 import builtins
+import math
 import operator
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
@@ -22,6 +23,7 @@ __all__ = [
     "delete_unused_submodules",
     "drop_shape_assertions",
     "eliminate_dead_code",
+    "finite_sentinels",
     "fuse_patterns",
     "has_side_effects",
     "insert_activation_quantizers",
@@ -186,6 +188,46 @@ def drop_shape_assertions(gm: fx.GraphModule) -> fx.GraphModule:
         gm.graph.erase_node(node)
     if asserts:
         eliminate_dead_code(gm)
+        gm.recompile()
+    return gm
+
+
+SENTINEL = 1e30  # what a mask's "masked out" value is written as (sign kept)
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and math.isfinite(value) and abs(value) > SENTINEL:
+        return math.copysign(SENTINEL, value)
+    return value
+
+
+def finite_sentinels(gm: fx.GraphModule) -> fx.GraphModule:
+    """Write the finite "masked out" values of attention masks (``torch.finfo(float32).min``, literals or scalar
+    tensor constants beyond 1e30 in magnitude) as -1e30 (+1e30 for a maximum).
+
+    The float model computes the same: a score added to either is absorbed by float32 rounding (so a fully masked
+    row is uniform after softmax with both) and ``exp`` of either is 0. A runtime that rescales the mask may not:
+    OpenVINO's CPU plugin moves the dequantization scale of quantized scores past the ``Add`` with the mask,
+    computing ``mask / scale``, which overflows to -inf for ``finfo.min`` (measured on OpenVINO 2026.4: a
+    left-padded row of every masked key came out NaN); -1e30 / scale stays finite for any scale above 3e-9.
+    ``-inf`` is left as written."""
+    changed = False
+    for node in gm.graph.nodes:
+        if node.op in ("call_function", "call_method"):
+            args, kwargs = fx.node.map_aggregate(node.args, _finite), fx.node.map_aggregate(node.kwargs, _finite)
+            if args != node.args or kwargs != node.kwargs:
+                node.args, node.kwargs = tuple(args), dict(kwargs)
+                changed = True
+        elif node.op == "get_attr":
+            value: Any = gm
+            for part in str(node.target).split("."):
+                value = getattr(value, part, None)
+            if isinstance(value, torch.Tensor) and value.is_floating_point() and value.numel() == 1:
+                number = float(value)
+                if _finite(number) != number:
+                    with torch.no_grad():
+                        value.fill_(_finite(number))
+    if changed:
         gm.recompile()
     return gm
 

@@ -43,6 +43,7 @@ from mqbench.custom_quantizer.modularize import modularize
 from mqbench.custom_quantizer.passes import (
     drop_shape_assertions,
     eliminate_dead_code,
+    finite_sentinels,
     fuse_patterns,
     insert_activation_quantizers,
     swap_modules,
@@ -216,7 +217,7 @@ class _Record:
 def prepare_graph(gm: fx.GraphModule, front_end: FrontEnd, is_qat: bool) -> fx.GraphModule:
     """Carry out ``front_end``'s decisions on ``gm`` (fuse, swap, insert) and store the plan on it."""
     record = _Record()
-    gm = modularize(drop_shape_assertions(functionalize(gm)))
+    gm = finite_sentinels(modularize(drop_shape_assertions(functionalize(gm))))
     eliminate_dead_code(gm)  # dead branches (made side-effect free above) would not export
     gm.recompile()
     fusers, skip = front_end.fusion()
