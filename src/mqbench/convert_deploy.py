@@ -32,6 +32,7 @@ import shutil
 import tempfile
 import warnings
 from collections.abc import Mapping, Sequence
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -248,6 +249,17 @@ def _check_deployable(model: nn.Module, spec: BackendSpec, allow_backend_mismatc
         )
 
 
+def _backend_of(model: nn.Module, backend: Any) -> BackendSpec:
+    """The spec to deploy for: ``backend`` itself (a BackendSpec), the spec the model was prepared with where
+    ``backend`` names it (prepare resolved it once and the plan carries it, registered or not), else the
+    registered backend of that name."""
+    plan = plan_of(model)
+    name = backend.value if isinstance(backend, Enum) else backend
+    if not isinstance(backend, BackendSpec) and plan is not None and plan.spec is not None and plan.spec.name == name:
+        return plan.spec
+    return resolve_backend(backend)
+
+
 def convert_deploy(
     model: nn.Module,
     backend_type: Any,
@@ -283,7 +295,7 @@ def convert_deploy(
     """
     if qlinear_weight_type not in (None, "int8", "uint8"):
         raise ValueError(f"qlinear_weight_type must be 'int8', 'uint8' or None, got {qlinear_weight_type!r}")
-    spec = resolve_backend(backend_type)
+    spec = _backend_of(model, backend_type)
     _check_deployable(model, spec, allow_backend_mismatch)
     if not model_name or any(c in model_name for c in "/\\\0"):
         raise ValueError(f"model_name must be a plain file name, got {model_name!r}")
@@ -370,7 +382,7 @@ def _deploy(
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     _warn_if_this_cpu_differs(spec, artifacts, table, float_model, qlinear_weight_type)
-    return DeployResult(spec.name, model_name, artifacts, table, input_names, output_names, dequantized)
+    return DeployResult(spec.name, model_name, artifacts, table, input_names, output_names, dequantized, spec=spec)
 
 
 def _warn_if_this_cpu_differs(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import warnings
@@ -12,7 +13,9 @@ import pytest
 import torch
 from torch import nn
 
+from mqbench.backends import ParamsTable
 from mqbench.convert_deploy import DeployContext, convert_deploy, deploy_functions, register_deploy_function
+from mqbench.custom_quantizer.plan import plan_of
 from mqbench.deploy.freeze import UncalibratedError
 from mqbench.deploy.onnx_graph import ort_session
 from mqbench.deploy.verify import verify_deploy
@@ -245,3 +248,24 @@ def test_ops_without_an_integer_kernel_stay_float_with_a_warning_naming_them(tmp
     assert [node.op_type for node in qlinear.graph.node].count("QLinearConv") == 1
     report = verify_deploy(qmodel, result, torch.randn(SHAPE))
     assert report.max_lsb_diff <= 1
+
+
+@pytest.mark.parametrize("given", ["spec", "name"])
+def test_an_unregistered_backend_spec_deploys_and_verifies(given, tmp_path):
+    """A BackendSpec passed directly (not registered) is resolved once at prepare and carried by the plan and the
+    DeployResult: deploying it (the spec, or its name, which the plan resolves) and verifying need no registry."""
+    spec = dataclasses.replace(ParamsTable["tensorrt"], name="my_tensorrt")
+    assert "my_tensorrt" not in ParamsTable
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 6 * 6, 4)).eval()
+    x = torch.randn(4, 3, 8, 8)
+    qmodel = prepare_by_platform(model, spec)
+    assert plan_of(qmodel).spec is spec
+    enable_calibration(qmodel)
+    qmodel(x)
+    enable_quantization(qmodel)
+    result = convert_deploy(qmodel, spec if given == "spec" else "my_tensorrt", dummy_input=x, output_path=tmp_path)
+    assert result.backend == "my_tensorrt" and result.backend_spec is spec
+    assert {"clip_ranges", "calib_cache"} <= set(result.artifacts)  # the spec's own writers
+    report = verify_deploy(qmodel, result, x)
+    assert report.passed, report.failures()

@@ -81,6 +81,7 @@ class DeclaredModelQuantizer(ModelQuantizer):
             self._excluded(model),
             backend=self.spec.name,
             reduce_range=qconfig.reduce_range,
+            spec=self.spec,
         )
 
 

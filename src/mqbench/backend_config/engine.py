@@ -35,7 +35,7 @@ from mqbench.backend_config.constraints import first_matching_dtype_config
 from mqbench.backend_config.dtype_config import DTypeKind
 from mqbench.backend_config.pattern import Op, pattern_ops
 from mqbench.backend_config.qconfig import QConfig
-from mqbench.backends.spec import Placement
+from mqbench.backends.spec import BackendSpec, Placement
 from mqbench.custom_quantizer.model_quantizer import activation_variant
 from mqbench.custom_quantizer.ops import WEIGHTED_KINDS, node_kind
 from mqbench.custom_quantizer.passes import sole_followers
@@ -288,17 +288,20 @@ def apply_backend_config(
     excluded: Callable[[fx.Node], bool] | None = None,
     backend: str | None = None,
     reduce_range: bool = False,
+    spec: BackendSpec | None = None,
 ) -> fx.GraphModule:
     """Prepare ``gm`` with the decisions ``backend_config`` and the qconfigs make (see the module docstring).
 
     ``excluded`` nodes (the user's exclusions) stay float, neither fused nor quantized.
     ``backend`` names the registered backend in the plan (none for a BackendConfig used directly); ``reduce_range``
-    narrows the signed right operand of products of two activations, as on built-in backends.
+    narrows the signed right operand of products of two activations, as on built-in backends; ``spec`` is the
+    registered backend's spec, carried on the plan.
     """
     qconfigs = node_qconfigs(gm, qconfig_for)
     left_out = {node.name for node in gm.graph.nodes if excluded is not None and excluded(node)}
     qconfigs.update(dict.fromkeys(left_out))
     front_end = _DeclaredFrontEnd(backend_config, qconfigs, left_out, backend or "", reduce_range)
+    front_end.spec = spec
     gm = prepare_graph(gm, front_end, is_qat)
     _warn_once_per_reason(front_end.decisions)
     return gm

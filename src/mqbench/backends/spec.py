@@ -67,6 +67,11 @@ class QuantizerSpec:
         object.__setattr__(self, "fake_quantize_kwargs", _frozen(self.fake_quantize_kwargs))
         object.__setattr__(self, "observer_kwargs", _frozen(self.observer_kwargs))
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # copied and pickled with plain dicts (a mappingproxy is neither); the constructor freezes them again
+        kwargs = (dict(self.fake_quantize_kwargs), dict(self.observer_kwargs))
+        return (QuantizerSpec, (self.scheme, self.fake_quantize, self.observer, *kwargs))
+
     def factory(self) -> Factory:
         """A factory building this quantizer (resolving registry names now, so typos fail early)."""
 

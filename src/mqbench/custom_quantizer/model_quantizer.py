@@ -131,6 +131,7 @@ class _PlacementFrontEnd(FrontEnd):
     """A built-in backend's decisions: its Placement rules, the user's additions and exclusions, its qconfig."""
 
     name = "placement"
+    spec: BackendSpec
 
     def __init__(self, quantizer: ModelQuantizer, model: fx.GraphModule, qconfig: QConfigPair) -> None:
         self.quantizer = quantizer

@@ -38,6 +38,7 @@ from typing import Any
 import torch
 from torch import fx, nn
 
+from mqbench.backends.spec import BackendSpec
 from mqbench.custom_quantizer.functionalize import functionalize
 from mqbench.custom_quantizer.modularize import modularize
 from mqbench.custom_quantizer.passes import (
@@ -102,6 +103,7 @@ class QuantizationPlan:
     weights: Mapping[str, str]  # layer node -> its weight quantizer's scheme
     fused: Mapping[str, str]  # layer node -> the chain fused into it ("Conv2d-BatchNorm2d-ReLU")
     activations: tuple[QuantizerPlan, ...] = ()
+    spec: BackendSpec | None = field(default=None, repr=False, compare=False)  # resolved once, at prepare
 
     def quantized(self, node: str) -> bool:
         decision = self.decisions.get(node)
@@ -164,6 +166,7 @@ class FrontEnd:
 
     backend: str = ""
     name: str = "placement"
+    spec: BackendSpec | None = None  # the backend's spec, where the front end has one
 
     def fusion(self) -> tuple[Mapping[Pattern, Callable[..., nn.Module]], Callable[[fx.Node], bool]]:
         """The fusion patterns with their fuser methods, and the nodes that must not start a fusion."""
@@ -251,6 +254,7 @@ def prepare_graph(gm: fx.GraphModule, front_end: FrontEnd, is_qat: bool) -> fx.G
         weights=record.weights,
         fused=record.fused,
         activations=_quantizer_plans(gm, site_records),
+        spec=front_end.spec,
     )
     gm.meta[PLAN_ATTRIBUTE] = plan
     if not plan.weights and not plan.activations:

@@ -9,6 +9,7 @@ from typing import Any
 
 import onnx
 
+from mqbench.backends.registry import resolve_backend
 from mqbench.backends.spec import BackendSpec
 from mqbench.qparams import QParamTable
 
@@ -26,6 +27,15 @@ class DeployResult:
     input_names: list[str]
     output_names: list[str]
     dequantized: dict[str, str] = field(default_factory=dict)  # tensor -> its dequantized name in `onnx`
+    spec: BackendSpec | None = field(default=None, repr=False, compare=False)  # the backend deployed for
+
+    @property
+    def backend_spec(self) -> BackendSpec:
+        """The spec deployed for: the one ``convert_deploy`` was given (a spec need not be registered), else the
+        registered backend of that name."""
+        if self.spec is not None:
+            return self.spec
+        return resolve_backend(self.backend)
 
     @property
     def params(self) -> dict[str, dict[str, Any]]:

@@ -30,7 +30,6 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from mqbench.backends.registry import resolve_backend
 from mqbench.deploy.comparison import (
     REDUCE_RANGE_REMEDY,
     ArtifactReport,
@@ -327,6 +326,6 @@ def _observe(
 
 def serve(result: Any) -> Callable[[Mapping[str, np.ndarray]], list[np.ndarray]]:
     """The Q/DQ model as onnxruntime serves it: optimized where a CPU runtime serves the backend, else as written."""
-    served = resolve_backend(result.backend).served_on_cpu  # a TensorRT/SNPE Q/DQ model stands for its hardware
+    served = result.backend_spec.served_on_cpu  # a TensorRT/SNPE Q/DQ model stands for its hardware
     session = ort_session(onnx.load(result.artifacts["onnx"]), optimize=served)
     return lambda feeds: list(session.run(None, dict(feeds)))

@@ -39,7 +39,6 @@ import numpy as np
 import onnx
 from torch import Tensor, nn
 
-from mqbench.backends import resolve_backend
 from mqbench.deploy.comparison import (
     ArtifactReport,
     HostReport,
@@ -161,7 +160,7 @@ def _verify_parameter_file(key: str, result: Any, feeds: Mapping[str, np.ndarray
     reader = _reader(result.backend, key)
     if reader is None:
         raise ValueError(f"no reader checks {key!r}")
-    read = reader(result.artifacts[key], resolve_backend(result.backend), float_model)
+    read = reader(result.artifacts[key], result.backend_spec, float_model)
     entries: dict[str, TensorQParams] = {}
     changed = []
     for tensor, entry in result.table.items():
@@ -268,7 +267,7 @@ def verify_deploy(
     feeds = feeds_for(result, args)
     _check_shapes(result, feeds)
     model = simulation_copy(qmodel)
-    spec = resolve_backend(result.backend)
+    spec = result.backend_spec
     run = VerifyRun(model, args, simulate(model, args), host, spec.lsb_tolerance, spec.served_on_cpu, predict)
     readable = [k for k in result.artifacts if _runner(k) is not None or _reader(result.backend, k) is not None]
     keys = readable if artifacts is None else list(artifacts)
