@@ -31,6 +31,7 @@ from mqbench.app.config import ConfigError
 from mqbench.app.distributed import restore_batch_norm, synchronise_batch_norm
 from mqbench.app.runs import Run, execute, prediction
 from mqbench.fake_quantize.lsq import LearnableFakeQuantize
+from mqbench.fake_quantize.role import role_of
 from mqbench.utils.state import enable_calibration, enable_quantization
 
 __all__ = ["run_qat"]
@@ -103,7 +104,7 @@ def _quantize(run: Run, model: nn.Module) -> nn.Module:
     if processes.distributed:
         synchronise_batch_norm(qmodel)
         for name, module in qmodel.named_modules():  # LSQ's gradient scale counts the global batch
-            if isinstance(module, LearnableFakeQuantize) and not name.endswith("weight_fake_quant"):
+            if isinstance(module, LearnableFakeQuantize) and role_of(name, module).kind == "activation":
                 module.batch_replicas = processes.world_size
     optimizer = _optimizer(training, [p for p in qmodel.parameters() if p.requires_grad])
     start_epoch, history = _resume(run, qmodel, optimizer)

@@ -26,6 +26,7 @@ import torch
 from torch import Tensor, nn
 
 from mqbench.fake_quantize.quantize_base import QuantizeBase
+from mqbench.fake_quantize.role import role_of
 from mqbench.utils.state import disable_all, enable_quantization
 
 __all__ = ["layer_errors", "lsb_histogram", "render_html", "render_markdown", "sqnr_db"]
@@ -81,11 +82,11 @@ def layer_errors(qmodel: nn.Module, inputs: Tensor) -> list[dict[str, Any]]:
     rows = []
     for name, module in _graph_order(qmodel, quantizers):
         if name in reference and name in quantized and reference[name].shape == quantized[name].shape:
-            kind = "weight" if name.endswith("weight_fake_quant") else "activation"
+            role = role_of(name, module)
             rows.append(
                 {
-                    "tensor": name.removesuffix(".weight_fake_quant") if kind == "weight" else name,
-                    "kind": kind,
+                    "tensor": role.layer if role.kind == "weight" else name,
+                    "kind": role.kind,
                     "bits": module.bitwidth,
                     "sqnr_db": sqnr_db(reference[name], quantized[name]),
                 }

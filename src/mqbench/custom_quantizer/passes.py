@@ -16,6 +16,7 @@ import torch
 from torch import fx, nn
 
 from mqbench.custom_quantizer.placement import ActivationSite
+from mqbench.fake_quantize.role import QuantizerRole, set_role
 from mqbench.fuser_method_mapping import Pattern
 from mqbench.utils.factory import Factory
 
@@ -342,7 +343,11 @@ def swap_modules(
         factory = factory_for(node, module)
         if factory is None:
             continue
-        set_submodule(gm, str(node.target), qat_class.from_float(module, factory))
+        qat = qat_class.from_float(module, factory)
+        weight_quantizer = getattr(qat, "weight_fake_quant", None)
+        if isinstance(weight_quantizer, nn.Module):
+            set_role(weight_quantizer, QuantizerRole("weight", layer=str(node.target)))
+        set_submodule(gm, str(node.target), qat)
         swapped.add(str(node.target))
     return _finish(gm)
 
@@ -358,12 +363,17 @@ def insert_activation_quantizers(
     graph = gm.graph
     last_placeholder = [n for n in graph.nodes if n.op == "placeholder"][-1:]
     group_module: dict[int, str] = {}
+    values: dict[str, list[str]] = {}
     for site in sites:
         name = group_module.get(site.group)
         if name is None:
             name = f"{site.value.name}_post_act_fake_quantizer"
             gm.add_submodule(name, factory_for(site)())
             group_module[site.group] = name
+        site.module = name
+        if site.value.name not in values.setdefault(name, []):
+            values[name].append(site.value.name)
+        set_role(gm.get_submodule(name), QuantizerRole("activation", values=tuple(values[name])))
         anchor = last_placeholder[0] if site.value.op == "placeholder" else site.value
         with graph.inserting_after(anchor):
             quantized = graph.call_module(name, (site.value,))

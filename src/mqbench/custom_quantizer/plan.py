@@ -271,7 +271,7 @@ def _quantizer_plans(
     plans = []
     for members in groups.values():
         first = members[0][0]
-        module = f"{first.value.name}_post_act_fake_quantizer"
+        module = first.module
         reasons = []
         if first.eight_bit:
             reasons.append("8-bit: next to the network's first or last layer")

@@ -19,6 +19,7 @@ from torch import Tensor, fx, nn
 
 from mqbench.custom_quantizer.passes import set_submodule
 from mqbench.fake_quantize.quantize_base import QuantizeBase, _exporting
+from mqbench.fake_quantize.role import role_of, set_role
 from mqbench.functional import fake_quantize, fake_quantize_for_export
 from mqbench.grids import grid_of
 from mqbench.nn.intrinsic.qat.modules.bn_folding import BnFoldingModule
@@ -136,31 +137,33 @@ def freeze_quantizers(model: nn.Module) -> nn.Module:
             f"{len(missing)} quantizer(s) were never calibrated: {shown}. Run the model on calibration data "
             "under mqbench.utils.state.enable_calibration(model) (or load a calibrated state dict) before deploying."
         )
-    owners = {f"{name}.weight_fake_quant": module for name, module in model.named_modules()}
     degenerate: list[str] = []
     for name, found in list(quantizers(model)):
         quantizer = typing.cast(QuantizeBase, found)
         if not quantizer._switch("fake_quant"):
             set_submodule(model, name, nn.Identity())
             continue
-        owner = owners.get(name)
-        kind = "weight" if owner is not None else "activation"
+        role = role_of(name, quantizer)
+        owner = model.get_submodule(role.layer) if role.kind == "weight" else None
+        kind = role.kind
         if kind == "activation" and not quantizer.deploys_activations:
             raise ValueError(
                 f"{name} ({type(quantizer).__name__}) quantizes activations with parameters computed from each "
                 "input, which no deployment format can hold; use it for weights only"
             )
         frozen = _freeze(name, quantizer, kind)
+        set_role(frozen, role)
         if kind == "activation" and frozen.grid == "linear":
             degenerate.extend(_degenerate(name, quantizer))
         if owner is not None:
+            parameter = typing.cast(Tensor, owner.weight)
             with torch.no_grad():
-                weight = quantizer.deploy_weight(owner.weight.detach())
+                weight = quantizer.deploy_weight(parameter.detach())
                 if frozen.grid == "linear":
                     # on the grid itself (q - z) * s, as the simulation quantizes it: every format and runtime
                     # then recovers the same integers, with no rounding tie left to decide
                     weight = frozen(weight)
-                owner.weight.copy_(weight)
+                parameter.copy_(weight)
         set_submodule(model, name, frozen)
     if degenerate:
         warnings.warn(

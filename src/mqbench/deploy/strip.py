@@ -39,6 +39,7 @@ from mqbench.deploy.onnx_graph import (
     unique_name,
 )
 from mqbench.deploy.repair import repair_export
+from mqbench.fake_quantize.role import role_of
 from mqbench.qparams import QParamTable, TensorQParams
 
 __all__ = ["ExportedGraph", "export_marked", "strip_quantizers"]
@@ -302,7 +303,8 @@ def strip_quantizers(exported: ExportedGraph) -> tuple[onnx.ModelProto, QParamTa
     eliminate_dead_nodes(graph)
     topological_sort(graph)
     entries = _drop_wrapper_prefix(graph, entries)
-    entries = _readable_names(graph, entries)
+    subjects = {q.name: role_of(q.name, q).subject for q in exported.marks}
+    entries = _readable_names(graph, entries, subjects)
     return model, QParamTable(entries)
 
 
@@ -358,17 +360,16 @@ def _drop_wrapper_prefix(graph: onnx.GraphProto, entries: dict[str, TensorQParam
     return renamed
 
 
-def _readable_names(graph: onnx.GraphProto, entries: dict[str, TensorQParams]) -> dict[str, TensorQParams]:
-    """Rename tensors still carrying a mark name after the quantizer's subject (``conv1`` for ``conv1_post_act...``)."""
+def _readable_names(
+    graph: onnx.GraphProto, entries: dict[str, TensorQParams], subjects: Mapping[str, str]
+) -> dict[str, TensorQParams]:
+    """Rename tensors still carrying a mark name after what their quantizer quantizes (its role's subject:
+    ``conv1`` for the quantizer of value ``conv1``, ``layer1.conv.weight`` for a weight quantizer)."""
     taken = all_names(graph)
     renamed: dict[str, TensorQParams] = {}
     for name, entry in entries.items():
         if name.startswith((_IN, _OUT)):
-            if entry.kind == "weight":
-                base = entry.quantizer.removesuffix("weight_fake_quant") + "weight"
-            else:
-                base = entry.quantizer.removesuffix("_post_act_fake_quantizer") or "tensor"
-            new = unique_name(base, taken)
+            new = unique_name(subjects.get(entry.quantizer, "tensor"), taken)
             rename_tensor(graph, name, new)
             name = new
         renamed[name] = entry
