@@ -16,8 +16,13 @@ internal error). Prints the table and writes benchmarks/results/model_coverage.j
 Each model is prepared with ``capture="auto"`` and its calibration batch as ``example_inputs`` (torch.fx, and
 torch.export where fx cannot trace it; ``--capture fx|export`` forces one); the JSON records which captured it.
 
+``--transformers``: transformers decoders by model type instead (``transformers.AutoConfig.for_model``, shrunk to
+2 layers of width 32, random weights): the prefill forward with right and left padding, deployed with dynamic
+batch and sequence axes and verified on another shape, with the cosine of the quantized logits to float's.
+
 Run: .venv/bin/python benchmarks/model_coverage.py [--models mobilenetv2_100,resnet18] [--backends openvino]
      (needs ``pip install timm``; timm imports torchvision)
+     .venv/bin/python benchmarks/model_coverage.py --transformers [--models gpt2,llama] [--output decoder_coverage]
 """
 
 from __future__ import annotations
@@ -66,6 +71,11 @@ MODELS = (
     "levit_128s",
 )
 BACKENDS = ("openvino", "tensorrt", "snpe", "onnx_qnn", "academic")
+# transformers decoders by model type (small configs, random weights): the prefill forward, token ids and a padded
+# attention mask to logits, on the backends that run transformers
+DECODERS = ("gpt2", "llama", "mistral", "qwen2", "opt", "phi", "gemma", "qwen3", "gpt_neox", "bloom", "falcon")
+NLP_BACKENDS = ("tensorrt_nlp", "academic_nlp", "tensorrt", "openvino")
+VOCAB = 64
 STATUSES = ("ok", "capture", "clear_error", "verify_failed", "silent", "crash")
 
 
@@ -153,6 +163,109 @@ def run_case(name: str, backend: str, pretrained: bool, batches: int, capture: s
     return case
 
 
+def small_decoder(model_type: str) -> Any:
+    """A causal LM of ``model_type`` (a transformers model type such as ``llama``) with a small config: 2 layers
+    of width 32, 2 heads (1 key/value head where the architecture groups them), a vocabulary of 64; eager
+    attention, no KV cache, seed 0."""
+    import torch
+    import transformers
+
+    config = transformers.AutoConfig.for_model(model_type)
+    small = {
+        ("hidden_size", "n_embd", "d_model"): 32,
+        ("num_hidden_layers", "n_layer", "num_layers"): 2,
+        ("num_attention_heads", "n_head"): 2,
+        ("intermediate_size", "ffn_dim", "n_inner"): 64,
+        ("num_key_value_heads",): 1,
+        ("head_dim",): 16,
+        ("word_embed_proj_dim",): 32,
+        ("max_position_embeddings", "n_positions"): 32,
+        ("vocab_size",): VOCAB,
+    }
+    for names, value in small.items():
+        for name in names:
+            if name in config.to_dict() or hasattr(config, name):
+                setattr(config, name, value)
+    config.use_cache = False
+    config._attn_implementation = "eager"  # attention as matmuls, which the NLP backends quantize
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager")
+    model.config.use_cache = False
+    return model.eval()
+
+
+def tokens(batch: int, length: int, seed: int) -> dict[str, Any]:
+    """Token ids and a padded mask: the second sequence right-padded by 3, the third left-padded by 2."""
+    import torch
+
+    ids = torch.randint(0, VOCAB, (batch, length), generator=torch.Generator().manual_seed(seed))
+    mask = torch.ones(batch, length, dtype=torch.long)
+    mask[1, length - 3 :] = 0
+    mask[2, :2] = 0
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+def run_decoder(name: str, backend: str) -> dict[str, Any]:
+    """One decoder x backend: prepare (export capture), calibrate on two batches of 4 x 10 tokens, deploy for 4 x 10
+    (dynamic batch and sequence axes) and verify on 3 x 7; the cosine of the quantized logits to float's."""
+    import torch
+
+    from backend_configs import config_for, host_config
+    from fuzz.harness import classify_error
+    from mqbench.convert_deploy import convert_deploy
+    from mqbench.deploy.verify import verify_deploy
+    from mqbench.prepare_by_platform import prepare_by_platform
+    from mqbench.utils.export_capture import CaptureError
+    from mqbench.utils.state import enable_calibration, enable_quantization
+    from mqbench.utils.tracer import TracingError
+
+    start = time.perf_counter()
+    case: dict[str, Any] = {"model": name, "backend": backend, "status": "ok", "message": ""}
+    stage = "build"
+    with warnings.catch_warnings(), tempfile.TemporaryDirectory() as folder:
+        warnings.simplefilter("ignore")
+        try:
+            model = small_decoder(name)
+            inputs, check = tokens(4, 10, seed=1), tokens(3, 7, seed=3)
+            stage = "prepare"
+            config = {**(host_config(backend) or config_for(backend) or {}), "example_inputs": inputs}
+            qmodel = prepare_by_platform(model, backend, config)
+            case["capture"] = qmodel.mqbench_capture
+            linear = [
+                n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) or type(m).__name__ == "Conv1D"
+            ]
+            quantized = [n for n in linear if hasattr(qmodel.get_submodule(n), "weight_fake_quant")]
+            case["quantized_layers"] = f"{len(quantized)}/{len(linear)}"  # of the Linear (and GPT-2 Conv1D) layers
+            stage = "calibrate"
+            enable_calibration(qmodel)
+            with torch.no_grad():
+                for seed in (1, 2):
+                    qmodel(**tokens(4, 10, seed))
+            enable_quantization(qmodel)
+            with torch.no_grad():
+                expected, got = model(**check).logits.flatten(), qmodel(**check).logits.flatten()
+            case["cosine"] = round(float(torch.nn.functional.cosine_similarity(expected, got, dim=0)), 5)
+            stage = "deploy"
+            result = convert_deploy(qmodel, backend, dummy_input=inputs, output_path=folder)
+            stage = "verify"
+            report = verify_deploy(qmodel, result, check)
+            case["max_lsb"] = float(report.max_lsb_diff)
+            if not report.passed:
+                case["status"], case["message"] = "verify_failed", "; ".join(report.failures())
+        except (TracingError, CaptureError) as error:
+            case["status"], case["message"] = "capture", str(error).splitlines()[0]
+        except Exception as error:  # the benchmark's purpose: every failure becomes a result
+            case["status"], case["location"] = classify_error(error)
+            case["message"] = f"{type(error).__name__}: {str(error).strip()[:300]}"
+            if case["status"] == "crash":
+                case["traceback"] = traceback.format_exc()[-2000:]
+    case["stage"] = stage if case["status"] != "ok" else "done"
+    case["seconds"] = round(time.perf_counter() - start, 1)
+    return case
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default=",".join(MODELS), help="comma-separated timm model names")
@@ -161,20 +274,38 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batches", type=int, default=2, help="calibration batches of 4 images")
     parser.add_argument("--output", default="model_coverage", help="results/<output>.json")
     parser.add_argument("--capture", default="auto", choices=("auto", "fx", "export"))
+    parser.add_argument(
+        "--transformers",
+        action="store_true",
+        help=f"transformers decoders by model type instead (default {','.join(DECODERS)}; backends "
+        f"{','.join(NLP_BACKENDS)}), small configs with random weights",
+    )
     args = parser.parse_args(argv)
+    library: Any
     try:
-        import timm
+        if args.transformers:
+            import transformers as library
+        else:
+            import timm as library
     except ImportError as error:
-        print(f"model_coverage needs timm and the torchvision it imports (pip install timm): {error}")
+        print(f"model_coverage needs {'transformers' if args.transformers else 'timm (and torchvision)'}: {error}")
         return 2
-    models, backends = args.models.split(","), args.backends.split(",")
+    if args.transformers:
+        models = args.models.split(",") if args.models != ",".join(MODELS) else list(DECODERS)
+        backends = args.backends.split(",") if args.backends != ",".join(BACKENDS) else list(NLP_BACKENDS)
+    else:
+        models, backends = args.models.split(","), args.backends.split(",")
     cases = []
     for name in models:
         for backend in backends:
-            case = run_case(name, backend, args.pretrained, args.batches, args.capture)
+            if args.transformers:
+                case = run_decoder(name, backend)
+            else:
+                case = run_case(name, backend, args.pretrained, args.batches, args.capture)
             cases.append(case)
             how = case.get("capture", "-")
-            shown = f"{case['status']:<13} {how:<6} {case['seconds']:>6.1f} s  {case['message'][:160]}"
+            cosine = f"cos {case['cosine']:.4f} {case['quantized_layers']}" if "cosine" in case else ""
+            shown = f"{case['status']:<13} {how:<6} {case['seconds']:>6.1f} s {cosine} {case['message'][:160]}"
             print(f"{name:<30} {backend:<10} {shown}", flush=True)
     rows = []
     for backend in backends:
@@ -186,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
     path = write_json(
         args.output,
         {
-            "timm": timm.__version__,
+            "library": f"{library.__name__} {library.__version__}",
             "pretrained": args.pretrained,
             "capture": args.capture,
             "models": models,
