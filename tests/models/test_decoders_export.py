@@ -14,7 +14,7 @@ from mqbench.convert_deploy import convert_deploy
 from mqbench.deploy.verify import verify_deploy
 from mqbench.prepare_by_platform import prepare_by_platform
 from mqbench.utils.hf_capture import broadcast_for_bhqkv
-from mqbench.utils.state import enable_calibration, enable_quantization
+from mqbench.utils.state import disable_all, enable_calibration, enable_quantization
 
 transformers = pytest.importorskip("transformers")
 
@@ -36,6 +36,9 @@ DECODERS = {
         transformers.Qwen2Config(hidden_size=32, intermediate_size=64, num_key_value_heads=1, **SMALL)
     ),
     "phi": lambda: transformers.PhiForCausalLM(transformers.PhiConfig(hidden_size=32, intermediate_size=64, **SMALL)),
+    "falcon": lambda: transformers.FalconForCausalLM(
+        transformers.FalconConfig(hidden_size=32, vocab_size=VOCAB, num_hidden_layers=2, num_attention_heads=2)
+    ),
     "opt": lambda: transformers.OPTForCausalLM(
         transformers.OPTConfig(hidden_size=32, ffn_dim=64, word_embed_proj_dim=32, **SMALL)
     ),
@@ -111,18 +114,40 @@ def test_a_decoder_prefill_prepares_deploys_and_verifies(name, backend, tmp_path
     assert _verified(report, name, backend), report.failures()
 
 
-def test_gpt2_projections_are_prepared_as_linear_layers():
-    """GPT-2 stores its projections as transformers' Conv1D (a weight ``[in, out]`` used by ``addmm``): prepared as
-    the nn.Linear it is, every projection gets a weight quantizer, and the float model is left as it was."""
-    model = _decoder("gpt2")
+class Doubled(torch.nn.Linear):
+    """A linear layer whose own forward computes something else: kept as written."""
+
+    __module__ = "transformers.models.doubled"
+
+    def forward(self, x):
+        return 2 * super().forward(x)
+
+
+@pytest.mark.parametrize("name", ["gpt2", "falcon"])
+def test_linear_layers_written_otherwise_are_prepared_as_linear_layers(name):
+    """GPT-2's Conv1D (a weight ``[in, out]`` used by ``addmm``) and Falcon's FalconLinear (``x @ weight.T + bias``)
+    are prepared as the nn.Linear each is: every projection gets a weight quantizer, and the float model is left as
+    it was. A subclass whose forward computes something else stays as written."""
+    model = _decoder(name)
+    first = next(n for n, m in model.named_modules() if type(m).__name__ in ("Conv1D", "FalconLinear"))
+    parent, _, child = first.rpartition(".")
+    layer = model.get_submodule(first)
+    weight = layer.weight.t() if name == "gpt2" else layer.weight
+    doubled = Doubled(weight.shape[1], weight.shape[0])
+    setattr(model.get_submodule(parent), child, doubled)
     qmodel = prepare_by_platform(model, "tensorrt_nlp", {"example_inputs": _tokens(2, 6, seed=5)})
-    conv1d = [name for name, m in model.named_modules() if type(m).__name__ == "Conv1D"]
-    assert len(conv1d) == 8  # c_attn, c_proj, mlp.c_fc, mlp.c_proj in each of two blocks
-    for name in conv1d:
-        layer = qmodel.get_submodule(name)
-        assert hasattr(layer, "weight_fake_quant"), name
-        assert torch.equal(layer.weight, model.get_submodule(name).weight.t()), name
-        assert type(model.get_submodule(name)).__name__ == "Conv1D"
+    written = [n for n, m in model.named_modules() if type(m).__name__ in ("Conv1D", "FalconLinear")]
+    assert len(written) >= 7, written  # the attention and MLP projections of both blocks
+    for layer_name in written:
+        prepared = qmodel.get_submodule(layer_name)
+        assert hasattr(prepared, "weight_fake_quant"), layer_name
+        original = model.get_submodule(layer_name).weight
+        assert torch.equal(prepared.weight, original.t() if name == "gpt2" else original), layer_name
+    disable_all(qmodel)  # with the quantizers off the prepared model computes the float model: 2x kept
+    with torch.no_grad():
+        tokens = _tokens(2, 6, seed=6)
+        assert torch.allclose(qmodel(**tokens).logits, model(**tokens).logits, atol=1e-5)
+    assert type(model.get_submodule(written[0])).__name__ in ("Conv1D", "FalconLinear")
 
 
 def test_mask_arithmetic_is_never_quantized():

@@ -75,26 +75,56 @@ def _transposed_linear(module: nn.Module) -> bool:
     return cls.__name__ == "Conv1D" and cls.__module__.startswith("transformers.") and hasattr(module, "nf")
 
 
-def linear_layers(model: nn.Module) -> int:
-    """Replace, in place, each of transformers' ``Conv1D`` layers in ``model`` by the ``nn.Linear`` it is (the
-    weight transposed, the same bias and device), and return how many were replaced.
+def _rewritten_linear(module: nn.Module) -> bool:
+    """A subclass of ``nn.Linear`` in transformers with a forward of its own (Falcon's ``FalconLinear`` computes
+    ``x @ weight.T + bias``): a capture sees its matrix product, not a linear layer."""
+    cls = type(module)
+    return (
+        isinstance(module, nn.Linear)
+        and cls is not nn.Linear
+        and cls.__module__.startswith("transformers.")
+        and cls.forward is not nn.Linear.forward
+    )
 
-    ``Conv1D`` computes ``addmm(bias, x, weight)`` in its forward, so a capture sees a matrix product with a
-    parameter, not a layer: no weight quantizer and no integer layer on any backend (GPT-2's every projection
-    stayed float). As ``nn.Linear`` it is prepared like any linear layer. Called on prepare's own copy of the
-    model; the user's model keeps its layers."""
+
+def _same_function(module: nn.Module, linear: nn.Linear) -> bool:
+    """Whether ``module`` computes what ``linear`` computes, on random inputs (float32 rounding apart)."""
+    inputs = torch.randn(3, 5, linear.in_features, generator=torch.Generator().manual_seed(0))
+    inputs = inputs.to(device=linear.weight.device, dtype=linear.weight.dtype)
+    with torch.no_grad():
+        expected, got = module(inputs), linear(inputs)
+    return (
+        isinstance(expected, torch.Tensor)
+        and expected.shape == got.shape
+        and torch.allclose(expected, got, rtol=1e-4, atol=1e-5 * float(got.abs().max().clamp(min=1)))
+    )
+
+
+def linear_layers(model: nn.Module) -> int:
+    """Replace, in place, the linear layers transformers writes in forms a capture does not see as layers by the
+    ``nn.Linear`` each is, and return how many were replaced: ``Conv1D`` (GPT-2: the weight stored ``[in, out]``,
+    used by ``addmm``) with its weight transposed, and subclasses of ``nn.Linear`` with a forward of their own
+    (Falcon's ``x @ weight.T + bias``) where that forward computes what ``nn.Linear`` computes on random inputs.
+
+    Captured as they are, they are matrix products with a parameter, not layers: no weight quantizer and no integer
+    layer on any backend (GPT-2's every projection stayed float, Falcon's eight of nine). As ``nn.Linear`` they are
+    prepared like any linear layer. Called on prepare's own copy of the model; the user's model keeps its layers."""
     replaced = 0
     for name, module in list(model.named_modules()):
-        if not _transposed_linear(module):
+        transposed = _transposed_linear(module)
+        if not (transposed or _rewritten_linear(module)):
             continue
         weight = module.weight.detach()
-        linear = nn.Linear(weight.shape[0], weight.shape[1], bias=module.bias is not None)
+        weight = weight.t() if transposed else weight
+        linear = nn.Linear(weight.shape[1], weight.shape[0], bias=module.bias is not None)
         linear.to(device=weight.device, dtype=weight.dtype)
         with torch.no_grad():
-            linear.weight.copy_(weight.t())
+            linear.weight.copy_(weight)
             if module.bias is not None:
                 linear.bias.copy_(module.bias.detach())
         linear.train(module.training)
+        if not transposed and not _same_function(module, linear):
+            continue  # a forward that computes something else: captured as it is
         parent, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent) if parent else model, child, linear)
         replaced += 1
