@@ -12,7 +12,9 @@ from backend_configs import academic_config
 from mqbench.advanced_ptq import calibrate
 from mqbench.convert_deploy import convert_deploy
 from mqbench.custom_quantizer.bits import set_quantizer_bits
+from mqbench.custom_quantizer.plan import plan_of
 from mqbench.deploy.verify import verify_deploy
+from mqbench.fake_quantize.quantize_base import QuantizeBase
 from mqbench.functional import bits_of_range
 from mqbench.mix_precision import (
     WeightedLayer,
@@ -135,6 +137,19 @@ def test_backends_with_one_width_refuse():
     qmodel = prepare_by_platform(zoo.model, "nnie")
     with pytest.raises(ValueError, match="fixed log grid"):
         set_quantizer_bits(dict(qmodel.named_modules())["conv1.weight_fake_quant"], 4)
+
+
+def test_the_plan_states_the_widths_quantizer_bits_set():
+    """The plan records every quantizer's width as the quantizer has it (read back from its integer range here),
+    and the weight grids it describes are those widths."""
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 8), nn.Linear(8, 2)).eval()
+    config = {**academic_config(8), "quantizer_bits": {"2.weight_fake_quant": 4, "_2_post_act_fake_quantizer": 6}}
+    qmodel = prepare_by_platform(model, "academic", config)
+    plan = plan_of(qmodel)
+    quantizers = {n: m for n, m in qmodel.named_modules() if isinstance(m, QuantizeBase)}
+    assert plan.widths == {n: bits_of_range(int(m.quant_min), int(m.quant_max)) for n, m in quantizers.items()}
+    assert plan.widths["2.weight_fake_quant"] == 4 and plan.widths["_2_post_act_fake_quantizer"] == 6
+    assert "[-8, 7]" in plan.weights["_2"] and "[-128, 127]" in plan.weights["_0"]
 
 
 def test_hawq_trace_is_the_hessian_trace_written_out():

@@ -32,6 +32,7 @@ from torch.fx.graph_module import _USER_PRESERVED_ATTRIBUTES_KEY
 from mqbench.backends.registry import BackendType, resolve_backend
 from mqbench.custom_quantizer.bits import apply_quantizer_bits
 from mqbench.custom_quantizer.model_quantizer import ModelQuantizer
+from mqbench.custom_quantizer.plan import record_quantizers
 from mqbench.custom_quantizer.qconfig import resolve_qconfig
 from mqbench.nn.intrinsic.qat import freeze_bn_stats
 from mqbench.utils.config import check_keys
@@ -252,6 +253,7 @@ def prepare_by_platform(
     if half:
         _convert_half_inputs(prepared)
     apply_quantizer_bits(prepared, spec, config.get("quantizer_bits", {}))
+    record_quantizers(prepared)  # the plan states the widths set
     _warn_fused_attention(prepared, spec.name, "matmul" in spec.placement.inputs_of)
     if freeze_bn:
         prepared.apply(freeze_bn_stats)

@@ -30,6 +30,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import typing
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -51,6 +52,7 @@ from mqbench.custom_quantizer.passes import (
 )
 from mqbench.custom_quantizer.placement import ActivationSite, Rules, plan_activation_quantizers
 from mqbench.fake_quantize.quantize_base import QuantizeBase
+from mqbench.functional import bits_of_range
 from mqbench.fuser_method_mapping import Pattern
 from mqbench.utils.factory import Factory
 
@@ -65,6 +67,7 @@ __all__ = [
     "op_name",
     "plan_of",
     "prepare_graph",
+    "record_quantizers",
 ]
 
 PLAN_ATTRIBUTE = "mqbench_quantization_plan"  # a key of GraphModule.meta (kept by deepcopy)
@@ -104,6 +107,7 @@ class QuantizationPlan:
     fused: Mapping[str, str]  # layer node -> the chain fused into it ("Conv2d-BatchNorm2d-ReLU")
     activations: tuple[QuantizerPlan, ...] = ()
     spec: BackendSpec | None = field(default=None, repr=False, compare=False)  # resolved once, at prepare
+    widths: Mapping[str, int] = field(default_factory=dict)  # quantizer module -> its bit width
 
     def quantized(self, node: str) -> bool:
         decision = self.decisions.get(node)
@@ -214,7 +218,6 @@ class FrontEnd:
 @dataclass
 class _Record:
     fused: dict[str, str] = field(default_factory=dict)
-    weights: dict[str, str] = field(default_factory=dict)
 
 
 def prepare_graph(gm: fx.GraphModule, front_end: FrontEnd, is_qat: bool) -> fx.GraphModule:
@@ -236,12 +239,6 @@ def prepare_graph(gm: fx.GraphModule, front_end: FrontEnd, is_qat: bool) -> fx.G
 
     gm = swap_modules(gm, front_end.qat_mapping(), weight_factory)
     modules = dict(gm.named_modules())
-    for node in gm.graph.nodes:
-        quantizer = (
-            getattr(modules.get(str(node.target)), "weight_fake_quant", None) if node.op == "call_module" else None
-        )
-        if isinstance(quantizer, QuantizeBase):
-            record.weights[node.name] = describe_quantizer(quantizer)
     sites = plan_activation_quantizers(gm.graph, modules, front_end.rules(gm))
     site_records = [
         (site, tuple(sorted(c.name for c in site.consumers)) if site.consumers is not None else None) for site in sites
@@ -251,15 +248,43 @@ def prepare_graph(gm: fx.GraphModule, front_end: FrontEnd, is_qat: bool) -> fx.G
         backend=front_end.backend,
         front_end=front_end.name,
         decisions=_decisions(gm, front_end),
-        weights=record.weights,
+        weights={},  # written with the widths by record_quantizers
         fused=record.fused,
         activations=_quantizer_plans(gm, site_records),
         spec=front_end.spec,
     )
     gm.meta[PLAN_ATTRIBUTE] = plan
+    record_quantizers(gm)
+    plan = typing.cast(QuantizationPlan, plan_of(gm))
     if not plan.weights and not plan.activations:
         warnings.warn(front_end.nothing_quantized(), stacklevel=3)
     return gm
+
+
+def record_quantizers(gm: fx.GraphModule) -> None:
+    """Write the plan's grids and widths from the quantizers as they are (after ``quantizer_bits`` set some
+    widths, the plan says so): each layer's weight quantizer, each activation quantizer's scheme, and the width of
+    every quantizer (``plan.widths``)."""
+    plan = plan_of(gm)
+    if plan is None:
+        return
+    modules = dict(gm.named_modules())
+    weights = {}
+    for node in gm.graph.nodes:
+        layer = modules.get(str(node.target)) if node.op == "call_module" else None
+        quantizer = getattr(layer, "weight_fake_quant", None)
+        if isinstance(quantizer, QuantizeBase):
+            weights[node.name] = describe_quantizer(quantizer)
+    activations = tuple(
+        dataclasses.replace(q, scheme=describe_quantizer(modules[q.module])) if q.module in modules else q
+        for q in plan.activations
+    )
+    widths = {
+        name: bits_of_range(int(module.quant_min), int(module.quant_max))
+        for name, module in modules.items()
+        if isinstance(module, QuantizeBase)
+    }
+    gm.meta[PLAN_ATTRIBUTE] = dataclasses.replace(plan, weights=weights, activations=activations, widths=widths)
 
 
 def _quantizer_plans(
