@@ -103,18 +103,32 @@ def images(count: int, size: int, seed: int) -> Any:
     return (batch - mean) / std
 
 
+def failed(case: dict[str, Any], error: Exception) -> None:
+    """Record ``error`` as the case's result: ``capture`` (neither capture takes the model), or what the fuzz
+    harness classifies it as (``clear_error``: a documented refusal of mqbench's; ``crash``, with the traceback)."""
+    from fuzz.harness import classify_error
+    from mqbench.utils.export_capture import CaptureError
+    from mqbench.utils.tracer import TracingError
+
+    if isinstance(error, (TracingError, CaptureError)):
+        case["status"], case["message"] = "capture", str(error).splitlines()[0]
+        return
+    case["status"], case["location"] = classify_error(error)
+    case["message"] = f"{type(error).__name__}: {str(error).strip()[:300]}"
+    if case["status"] == "crash":
+        case["traceback"] = traceback.format_exc()[-2000:]
+
+
 def run_case(name: str, backend: str, pretrained: bool, batches: int, capture: str = "auto") -> dict[str, Any]:
     import timm
     import torch
 
     from backend_configs import host_config
-    from fuzz.harness import MAX_RELATIVE, ArtifactMismatchError, check_artifacts, classify_error, tie_floor
+    from fuzz.harness import MAX_RELATIVE, ArtifactMismatchError, check_artifacts, tie_floor
     from mqbench.convert_deploy import convert_deploy
     from mqbench.deploy.verify import verify_deploy
     from mqbench.prepare_by_platform import prepare_by_platform
-    from mqbench.utils.export_capture import CaptureError
     from mqbench.utils.state import enable_calibration, enable_quantization
-    from mqbench.utils.tracer import TracingError
 
     start = time.perf_counter()
     case: dict[str, Any] = {"model": name, "backend": backend, "status": "ok", "message": ""}
@@ -152,13 +166,8 @@ def run_case(name: str, backend: str, pretrained: bool, batches: int, capture: s
                 case["check_relative"] = check_artifacts(qmodel, result, [check[1:]], relative=bound)
         except ArtifactMismatchError as mismatch:
             case["status"], case["message"] = "silent", str(mismatch)
-        except (TracingError, CaptureError) as error:
-            case["status"], case["message"] = "capture", str(error).splitlines()[0]
         except Exception as error:  # the benchmark's purpose: every failure becomes a result
-            case["status"], case["location"] = classify_error(error)  # clear: a documented refusal of mqbench's
-            case["message"] = f"{type(error).__name__}: {str(error).strip()[:300]}"
-            if case["status"] == "crash":
-                case["traceback"] = traceback.format_exc()[-2000:]
+            failed(case, error)
     case["stage"] = stage if case["status"] != "ok" else "done"
     case["seconds"] = round(time.perf_counter() - start, 1)
     return case
@@ -215,13 +224,10 @@ def run_decoder(name: str, backend: str) -> dict[str, Any]:
     import torch
 
     from backend_configs import config_for, host_config
-    from fuzz.harness import classify_error
     from mqbench.convert_deploy import convert_deploy
     from mqbench.deploy.verify import verify_deploy
     from mqbench.prepare_by_platform import prepare_by_platform
-    from mqbench.utils.export_capture import CaptureError
     from mqbench.utils.state import enable_calibration, enable_quantization
-    from mqbench.utils.tracer import TracingError
 
     start = time.perf_counter()
     case: dict[str, Any] = {"model": name, "backend": backend, "status": "ok", "message": ""}
@@ -256,13 +262,8 @@ def run_decoder(name: str, backend: str) -> dict[str, Any]:
             case["max_lsb"] = float(report.max_lsb_diff)
             if not report.passed:
                 case["status"], case["message"] = "verify_failed", "; ".join(report.failures())
-        except (TracingError, CaptureError) as error:
-            case["status"], case["message"] = "capture", str(error).splitlines()[0]
         except Exception as error:  # the benchmark's purpose: every failure becomes a result
-            case["status"], case["location"] = classify_error(error)
-            case["message"] = f"{type(error).__name__}: {str(error).strip()[:300]}"
-            if case["status"] == "crash":
-                case["traceback"] = traceback.format_exc()[-2000:]
+            failed(case, error)
     case["stage"] = stage if case["status"] != "ok" else "done"
     case["seconds"] = round(time.perf_counter() - start, 1)
     return case
