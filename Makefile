@@ -32,6 +32,8 @@ TF5_TESTS := "tests/app/test_ptq_command.py::test_a_hugging_face_model_through_i
 	"tests/models/test_decoders_export.py::test_a_decoder_prefill_prepares_deploys_and_verifies[gpt2-tensorrt_nlp]" \
 	"tests/models/test_decoders_export.py::test_a_decoder_prefill_prepares_deploys_and_verifies[llama-tensorrt_nlp]" \
 	"tests/models/test_decoders_export.py::test_a_decoder_prefill_prepares_deploys_and_verifies[llama-openvino]" \
+	"tests/models/test_decoders_export.py::test_a_decoder_prefill_prepares_deploys_and_verifies[opt-openvino]" \
+	"tests/models/test_decoders_export.py::test_linear_layers_written_otherwise_are_prepared_as_linear_layers" \
 	"tests/models/test_decoders_export.py::test_mask_arithmetic_is_never_quantized"
 
 $(TF5_STAMP): $(STAMP)
