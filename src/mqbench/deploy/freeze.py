@@ -144,7 +144,8 @@ def freeze_quantizers(model: nn.Module) -> nn.Module:
             set_submodule(model, name, nn.Identity())
             continue
         role = role_of(name, quantizer)
-        owner = model.get_submodule(role.layer) if role.kind == "weight" else None
+        # the layer holding it (found from where it sits, so that a wrapper's prefix does not matter)
+        owner = model.get_submodule(name.rpartition(".")[0]) if role.kind == "weight" else None
         kind = role.kind
         if kind == "activation" and not quantizer.deploys_activations:
             raise ValueError(
