@@ -24,6 +24,7 @@ Example:
 
 from __future__ import annotations
 
+import gc
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -94,6 +95,9 @@ class Processes:
 
     def close(self) -> None:
         if self.distributed and dist.is_initialized():
+            # a DistributedDataParallel wrapper left in a reference cycle is freed by the garbage collector at
+            # any later moment; freed after its process group was destroyed, it can abort the process
+            gc.collect()
             dist.destroy_process_group()
 
 
