@@ -30,9 +30,7 @@ from torch import Tensor, fx, nn
 from torch.fx.graph_module import _USER_PRESERVED_ATTRIBUTES_KEY
 
 from mqbench.backends.registry import BackendType, resolve_backend
-from mqbench.custom_quantizer.bits import apply_quantizer_bits
 from mqbench.custom_quantizer.model_quantizer import ModelQuantizer
-from mqbench.custom_quantizer.plan import record_quantizers
 from mqbench.custom_quantizer.qconfig import resolve_qconfig
 from mqbench.nn.intrinsic.qat import freeze_bn_stats
 from mqbench.utils.config import check_keys
@@ -247,13 +245,13 @@ def prepare_by_platform(
     leaf_modules = tuple(config.get("leaf_module", ()))
     quantizer_class = spec.model_quantizer or ModelQuantizer
     quantizer = quantizer_class(spec, config.get("extra_quantizer_dict"), config.get("extra_fuse_dict"))
+    if "quantizer_bits" in config:  # part of the plan: each named quantizer is built at its width
+        quantizer.quantizer_bits = config["quantizer_bits"]
     with _garbage_collection_paused():  # graph passes allocate many small objects; collect once afterwards
         graph_module, captured_by = _capture(model, config, leaf_modules, custom_tracer)
         prepared = quantizer.prepare(graph_module, qconfig, bool(is_qat))
     if half:
         _convert_half_inputs(prepared)
-    apply_quantizer_bits(prepared, spec, config.get("quantizer_bits", {}))
-    record_quantizers(prepared)  # the plan states the widths set
     _warn_fused_attention(prepared, spec.name, "matmul" in spec.placement.inputs_of)
     if freeze_bn:
         prepared.apply(freeze_bn_stats)

@@ -82,6 +82,7 @@ class DeclaredModelQuantizer(ModelQuantizer):
             backend=self.spec.name,
             reduce_range=qconfig.reduce_range,
             spec=self.spec,
+            widths=self.quantizer_bits,
         )
 
 

@@ -289,20 +289,22 @@ def apply_backend_config(
     backend: str | None = None,
     reduce_range: bool = False,
     spec: BackendSpec | None = None,
+    widths: Mapping[str, int] | None = None,
 ) -> fx.GraphModule:
     """Prepare ``gm`` with the decisions ``backend_config`` and the qconfigs make (see the module docstring).
 
     ``excluded`` nodes (the user's exclusions) stay float, neither fused nor quantized.
     ``backend`` names the registered backend in the plan (none for a BackendConfig used directly); ``reduce_range``
     narrows the signed right operand of products of two activations, as on built-in backends; ``spec`` is the
-    registered backend's spec, carried on the plan.
+    registered backend's spec, carried on the plan; ``widths`` the plan's bit widths by quantizer name
+    (``quantizer_bits``).
     """
     qconfigs = node_qconfigs(gm, qconfig_for)
     left_out = {node.name for node in gm.graph.nodes if excluded is not None and excluded(node)}
     qconfigs.update(dict.fromkeys(left_out))
     front_end = _DeclaredFrontEnd(backend_config, qconfigs, left_out, backend or "", reduce_range)
     front_end.spec = spec
-    gm = prepare_graph(gm, front_end, is_qat)
+    gm = prepare_graph(gm, front_end, is_qat, widths)
     _warn_once_per_reason(front_end.decisions)
     return gm
 

@@ -25,16 +25,9 @@ Example:
 
 from __future__ import annotations
 
-import difflib
-from collections.abc import Mapping
 from typing import Any
 
-from torch import nn
-
-from mqbench.functional import bits_of_range
-from mqbench.utils.state import is_quantizer
-
-__all__ = ["apply_quantizer_bits", "quant_range_for_bits", "set_quantizer_bits"]
+__all__ = ["quant_range_for_bits", "set_quantizer_bits"]
 
 
 def quant_range_for_bits(quant_min: int, quant_max: int, bits: int) -> tuple[int, int]:
@@ -63,28 +56,3 @@ def set_quantizer_bits(quantizer: Any, bits: int) -> None:
     observer.quant_min, observer.quant_max = low, high
     if getattr(observer, "calibrated", False):
         quantizer.update_qparams()
-
-
-def apply_quantizer_bits(model: nn.Module, spec: Any, mapping: Mapping[str, int]) -> None:
-    """Set each named quantizer of a prepared model to its width; errors name the quantizer and the choices."""
-    if not isinstance(mapping, Mapping):
-        raise ValueError(f"quantizer_bits maps quantizer names to bit widths, got {type(mapping).__name__}")
-    named = {name: module for name, module in model.named_modules() if is_quantizer(module)}
-    allowed = tuple(getattr(spec, "mixed_precision_bits", ()))
-    for name, bits in mapping.items():
-        quantizer = named.get(name)
-        if quantizer is None:
-            close = difflib.get_close_matches(str(name), list(named), n=3)
-            hint = f"; did you mean {', '.join(close)}?" if close else f"; the model has {len(named)} quantizers"
-            raise ValueError(f"quantizer_bits names {name!r}, which is not a quantizer of the prepared model{hint}")
-        current = bits_of_range(int(quantizer.quant_min), int(quantizer.quant_max))
-        if bits == current:
-            continue
-        if bits not in allowed:
-            widths = ", ".join(map(str, allowed)) if allowed else f"only its own ({current}-bit)"
-            raise ValueError(
-                f"backend {spec.name!r} deploys {name} at {widths} bits, not {bits}: its format has one width per "
-                "quantizer kind. Mixed precision needs a backend that lists mixed_precision_bits (academic, "
-                "academic_nlp)"
-            )
-        set_quantizer_bits(quantizer, bits)

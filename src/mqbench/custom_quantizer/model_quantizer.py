@@ -21,6 +21,7 @@ from mqbench.custom_quantizer.placement import ActivationSite, Rules
 from mqbench.custom_quantizer.plan import FrontEnd, prepare_graph
 from mqbench.custom_quantizer.qconfig import QConfigPair, eight_bit_variant, reduced_range_variant, unsigned_variant
 from mqbench.fuser_method_mapping import FUSER_METHODS, QAT_MODULE_MAPPING
+from mqbench.nn.intrinsic.modules.fused import FusedModule
 from mqbench.utils.config import check_keys
 from mqbench.utils.factory import Factory
 
@@ -48,6 +49,10 @@ class ModelQuantizer:
         >>> torch.nn.Conv2d in quantizer.module_type_to_quant_input
         True
     """
+
+    # quantizer name -> bit width: part of the plan, each named quantizer is built at its width
+    # (prepare_custom_config_dict["quantizer_bits"]; prepare_by_platform sets it)
+    quantizer_bits: Mapping[str, int] = {}
 
     def __init__(
         self,
@@ -80,7 +85,7 @@ class ModelQuantizer:
     # -- the pipeline -------------------------------------------------------------------------
     def prepare(self, model: fx.GraphModule, qconfig: QConfigPair, is_qat: bool) -> fx.GraphModule:
         """Fuse, swap and insert quantizers as the backend's rules decide; the plan is stored on the result."""
-        return prepare_graph(model, self.front_end(model, qconfig), is_qat)
+        return prepare_graph(model, self.front_end(model, qconfig), is_qat, self.quantizer_bits)
 
     def front_end(self, model: fx.GraphModule, qconfig: QConfigPair) -> FrontEnd:
         """This quantizer's decisions for ``model`` as a plan front end."""
@@ -119,7 +124,10 @@ class ModelQuantizer:
             if node.name in node_names:
                 return True
             if node.op == "call_module":
-                return isinstance(modules[str(node.target)], module_types)
+                module = modules[str(node.target)]
+                if isinstance(module, FusedModule):  # a fused chain is its first op (Conv-BN-ReLU: a Conv)
+                    module = module[0]
+                return isinstance(module, module_types)
             if node.op in ("call_function", "call_method"):
                 return any(node.target is f or node.target == f for f in functions)
             return False

@@ -9,16 +9,16 @@ import builtins
 import math
 import operator
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 from torch import fx, nn
 
-from mqbench.custom_quantizer.placement import ActivationSite
+from mqbench.custom_quantizer.annotation import ANNOTATION, Annotation, Fusion, SharedQuantizer, annotation_of
+from mqbench.custom_quantizer.bits import set_quantizer_bits
 from mqbench.fake_quantize.role import QuantizerRole, set_role
 from mqbench.fuser_method_mapping import Pattern
-from mqbench.utils.factory import Factory
 
 __all__ = [
     "delete_unused_submodules",
@@ -28,6 +28,7 @@ __all__ = [
     "fuse_patterns",
     "has_side_effects",
     "insert_activation_quantizers",
+    "mark_fusions",
     "set_submodule",
     "sole_followers",
     "swap_modules",
@@ -280,73 +281,80 @@ def _match_chain(
     return chain if len(chain) == len(pattern) else None
 
 
-def fuse_patterns(
+def mark_fusions(
     gm: fx.GraphModule,
     fuser_methods: Mapping[Pattern, Callable[..., nn.Module]],
-    is_qat: bool,
     skip: Callable[[fx.Node], bool] = lambda node: False,
-    fused_chains: dict[str, str] | None = None,
-) -> fx.GraphModule:
-    """Replace each chain matching a pattern (longest first) by ``fuser(is_qat, *parts)``.
+) -> None:
+    """Annotate each chain matching a pattern (longest first) on its first node, for :func:`fuse_patterns`.
 
     A chain fuses only where every intermediate value has a single user and every module in
-    it is called once (a module shared between call sites keeps its own behaviour).
-    ``fused_chains``, when given, receives each fused node's name -> the chain it stands for
-    (``"Conv2d-BatchNorm2d-ReLU"``).
+    it is called once (a module shared between call sites keeps its own behaviour); a node
+    ``skip`` accepts starts none.
     """
     modules = dict(gm.named_modules())
     calls = Counter(str(n.target) for n in gm.graph.nodes if n.op == "call_module")
     patterns = sorted(fuser_methods, key=len, reverse=True)
-    erased: set[fx.Node] = set()
-    for node in list(gm.graph.nodes):
-        if node in erased or node.op != "call_module" or skip(node):
+    claimed: set[fx.Node] = set()
+    for node in gm.graph.nodes:
+        if node in claimed or node.op != "call_module" or skip(node):
             continue
         for pattern in patterns:
             chain = _match_chain(node, pattern, modules, calls)
-            if chain is None:
+            if chain is None or claimed.intersection(chain):
                 continue
             parts = [modules[str(n.target)] if n.op == "call_module" else n.target for n in chain]
-            if fused_chains is not None:
-                fused_chains[node.name] = "-".join(
-                    type(part).__name__ if isinstance(part, nn.Module) else getattr(part, "__name__", str(part))
-                    for part in parts
-                )
-            fused = fuser_methods[pattern](is_qat, *parts)
-            fused.train(modules[str(node.target)].training)
-            set_submodule(gm, str(node.target), fused)
-            modules[str(node.target)] = fused
-            chain[-1].replace_all_uses_with(node)
-            for follower in reversed(chain[1:]):
-                gm.graph.erase_node(follower)
-                erased.add(follower)
+            name = "-".join(
+                type(part).__name__ if isinstance(part, nn.Module) else getattr(part, "__name__", str(part))
+                for part in parts
+            )
+            annotation_of(node).fusion = Fusion(tuple(n.name for n in chain), name, fuser_methods[pattern])
+            claimed.update(chain)
             break
+
+
+def fuse_patterns(gm: fx.GraphModule, is_qat: bool) -> fx.GraphModule:
+    """Replace each chain annotated by :func:`mark_fusions` with ``fuser(is_qat, *parts)`` at its first node."""
+    modules = dict(gm.named_modules())
+    nodes = {node.name: node for node in gm.graph.nodes}
+    for node in list(gm.graph.nodes):
+        annotation = node.meta.get(ANNOTATION)
+        fusion = annotation.fusion if isinstance(annotation, Annotation) else None
+        if fusion is None:
+            continue
+        chain = [nodes[name] for name in fusion.nodes]
+        parts = [modules[str(n.target)] if n.op == "call_module" else n.target for n in chain]
+        fused = fusion.fuser(is_qat, *parts)
+        fused.train(modules[str(node.target)].training)
+        set_submodule(gm, str(node.target), fused)
+        modules[str(node.target)] = fused
+        chain[-1].replace_all_uses_with(node)
+        for follower in reversed(chain[1:]):
+            gm.graph.erase_node(follower)
     return _finish(gm)
 
 
-def swap_modules(
-    gm: fx.GraphModule,
-    mapping: Mapping[type, Any],
-    factory_for: Callable[[fx.Node, nn.Module], Factory | None],
-) -> fx.GraphModule:
-    """Swap each called module whose exact type is in ``mapping`` for ``QAT.from_float(module, factory)``.
+def swap_modules(gm: fx.GraphModule, mapping: Mapping[type, Any]) -> fx.GraphModule:
+    """Swap each called module annotated with a weight quantizer for ``QAT.from_float(module, factory)``.
 
-    ``factory_for`` returns the weight-quantizer factory for a node, or None to keep it float.
+    ``mapping`` gives the QAT class of each float module class (exact type); the weight quantizer gets the
+    width the annotation sets, if any.
     """
     swapped: set[str] = set()
     for node in gm.graph.nodes:
-        if node.op != "call_module" or str(node.target) in swapped:
+        annotation = node.meta.get(ANNOTATION)
+        if node.op != "call_module" or str(node.target) in swapped or not isinstance(annotation, Annotation):
+            continue
+        if annotation.weight is None:
             continue
         module = gm.get_submodule(str(node.target))
-        qat_class = mapping.get(type(module))
-        if qat_class is None:
-            continue
-        factory = factory_for(node, module)
-        if factory is None:
-            continue
-        qat = qat_class.from_float(module, factory)
+        qat_class = mapping[type(module)]
+        qat = qat_class.from_float(module, annotation.weight)
         weight_quantizer = getattr(qat, "weight_fake_quant", None)
         if isinstance(weight_quantizer, nn.Module):
             set_role(weight_quantizer, QuantizerRole("weight", layer=str(node.target)))
+            if annotation.weight_bits is not None:
+                set_quantizer_bits(weight_quantizer, annotation.weight_bits)
         set_submodule(gm, str(node.target), qat)
         swapped.add(str(node.target))
     return _finish(gm)
@@ -356,30 +364,45 @@ def _not(node: fx.Node) -> Callable[[fx.Node], bool]:
     return lambda user: user is not node
 
 
-def insert_activation_quantizers(
-    gm: fx.GraphModule, sites: Iterable[ActivationSite], factory_for: Callable[[ActivationSite], Factory]
-) -> fx.GraphModule:
-    """Insert ``<value>_post_act_fake_quantizer`` modules; sites of one group share a module."""
+def insert_activation_quantizers(gm: fx.GraphModule) -> fx.GraphModule:
+    """Insert the annotated activation quantizers as ``<value>_post_act_fake_quantizer`` modules.
+
+    A value annotated with an ``output`` quantizer is read through it by every reader; one its readers annotate
+    in their ``inputs`` is read through it by those readers. Values holding one :class:`SharedQuantizer` share
+    one module, named after the first of them in graph order.
+    """
     graph = gm.graph
     last_placeholder = [n for n in graph.nodes if n.op == "placeholder"][-1:]
-    group_module: dict[int, str] = {}
-    values: dict[str, list[str]] = {}
-    for site in sites:
-        name = group_module.get(site.group)
-        if name is None:
-            name = f"{site.value.name}_post_act_fake_quantizer"
-            gm.add_submodule(name, factory_for(site)())
-            group_module[site.group] = name
-        site.module = name
-        if site.value.name not in values.setdefault(name, []):
-            values[name].append(site.value.name)
-        set_role(gm.get_submodule(name), QuantizerRole("activation", values=tuple(values[name])))
-        anchor = last_placeholder[0] if site.value.op == "placeholder" else site.value
+    values: dict[int, list[str]] = {}
+    for value in list(graph.nodes):
+        annotation = value.meta.get(ANNOTATION)
+        shared = annotation.output if isinstance(annotation, Annotation) else None
+        readers: list[fx.Node] | None = None
+        if shared is None:
+            readers = [user for user in value.users if value.name in _inputs_of(user)]
+            if not readers:
+                continue
+            shared = _inputs_of(readers[0])[value.name]
+        if not shared.module:
+            shared.module = shared.name
+            quantizer = shared.factory()
+            if shared.bits is not None:
+                set_quantizer_bits(quantizer, shared.bits)
+            gm.add_submodule(shared.module, quantizer)
+        members = values.setdefault(id(shared), [])
+        members.append(value.name)
+        set_role(gm.get_submodule(shared.module), QuantizerRole("activation", values=tuple(members)))
+        anchor = last_placeholder[0] if value.op == "placeholder" else value
         with graph.inserting_after(anchor):
-            quantized = graph.call_module(name, (site.value,))
-        if site.consumers is None:
-            site.value.replace_all_uses_with(quantized, delete_user_cb=_not(quantized))
+            quantized = graph.call_module(shared.module, (value,))
+        if readers is None:
+            value.replace_all_uses_with(quantized, delete_user_cb=_not(quantized))
         else:
-            for consumer in site.consumers:
-                consumer.replace_input_with(site.value, quantized)
+            for reader in readers:
+                reader.replace_input_with(value, quantized)
     return _finish(gm)
+
+
+def _inputs_of(node: fx.Node) -> dict[str, SharedQuantizer]:
+    annotation = node.meta.get(ANNOTATION)
+    return annotation.inputs if isinstance(annotation, Annotation) else {}

@@ -37,7 +37,6 @@ class ActivationSite:
     # the right operand of a product of two activations (attention's K^T, V): it takes the weights'
     # place in int8 kernels, so reduce_range narrows it as it narrows weights
     product_operand: bool = False
-    module: str = ""  # the quantizer module, once inserted
 
 
 def _never(node: fx.Node) -> bool:

@@ -40,6 +40,14 @@ import torch
 from torch import fx, nn
 
 from mqbench.backends.spec import BackendSpec
+from mqbench.custom_quantizer.annotation import (
+    ANNOTATION,
+    Annotation,
+    NodeDecision,
+    SharedQuantizer,
+    annotation_of,
+    check_widths,
+)
 from mqbench.custom_quantizer.functionalize import functionalize
 from mqbench.custom_quantizer.modularize import modularize
 from mqbench.custom_quantizer.passes import (
@@ -48,6 +56,7 @@ from mqbench.custom_quantizer.passes import (
     finite_sentinels,
     fuse_patterns,
     insert_activation_quantizers,
+    mark_fusions,
     swap_modules,
 )
 from mqbench.custom_quantizer.placement import ActivationSite, Rules, plan_activation_quantizers
@@ -62,9 +71,11 @@ __all__ = [
     "NodeDecision",
     "QuantizationPlan",
     "QuantizerPlan",
+    "annotate",
     "describe_quantizer",
     "node_op",
     "op_name",
+    "plan_from_annotations",
     "plan_of",
     "prepare_graph",
     "record_quantizers",
@@ -72,17 +83,6 @@ __all__ = [
 
 PLAN_ATTRIBUTE = "mqbench_quantization_plan"  # a key of GraphModule.meta (kept by deepcopy)
 EXCLUDED = "excluded by prepare_custom_config_dict['extra_quantizer_dict']"
-
-
-@dataclass(frozen=True)
-class NodeDecision:
-    """What was decided for one op node: quantized or float, and how or why."""
-
-    node: str
-    op: str
-    quantized: bool
-    reason: str  # for a quantized node: how (its pattern, or what is quantized); for a float one: why
-    pattern: str = ""  # the backend pattern or op kind that matched, or the chain that was seen
 
 
 @dataclass(frozen=True)
@@ -215,50 +215,77 @@ class FrontEnd:
         )
 
 
-@dataclass
-class _Record:
-    fused: dict[str, str] = field(default_factory=dict)
+def prepare_graph(
+    gm: fx.GraphModule, front_end: FrontEnd, is_qat: bool, widths: Mapping[str, int] | None = None
+) -> fx.GraphModule:
+    """Annotate ``gm`` with ``front_end``'s decisions, carry them out (fuse, swap, insert) and store the plan.
 
-
-def prepare_graph(gm: fx.GraphModule, front_end: FrontEnd, is_qat: bool) -> fx.GraphModule:
-    """Carry out ``front_end``'s decisions on ``gm`` (fuse, swap, insert) and store the plan on it."""
-    record = _Record()
+    ``widths`` (``quantizer_bits``: quantizer name -> bit width) are part of the plan: each named quantizer is
+    built at its width.
+    """
     gm = finite_sentinels(modularize(drop_shape_assertions(functionalize(gm))))
     eliminate_dead_code(gm)  # dead branches (made side-effect free above) would not export
     gm.recompile()
     fusers, skip = front_end.fusion()
     if fusers:
         excluded = front_end.excluded
-        gm = fuse_patterns(
-            gm, fusers, is_qat, skip=lambda node: skip(node) or excluded(node), fused_chains=record.fused
-        )
+        mark_fusions(gm, fusers, skip=lambda node: skip(node) or excluded(node))
+        gm = fuse_patterns(gm, is_qat)
     front_end.decide(gm)
-
-    def weight_factory(node: fx.Node, module: nn.Module) -> Factory | None:
-        return None if front_end.excluded(node) else front_end.weight_quantizer(node, module)
-
-    gm = swap_modules(gm, front_end.qat_mapping(), weight_factory)
-    modules = dict(gm.named_modules())
-    sites = plan_activation_quantizers(gm.graph, modules, front_end.rules(gm))
-    site_records = [
-        (site, tuple(sorted(c.name for c in site.consumers)) if site.consumers is not None else None) for site in sites
-    ]
-    gm = insert_activation_quantizers(gm, sites, front_end.activation_quantizer)
-    plan = QuantizationPlan(
-        backend=front_end.backend,
-        front_end=front_end.name,
-        decisions=_decisions(gm, front_end),
-        weights={},  # written with the widths by record_quantizers
-        fused=record.fused,
-        activations=_quantizer_plans(gm, site_records),
-        spec=front_end.spec,
-    )
-    gm.meta[PLAN_ATTRIBUTE] = plan
+    annotate(gm, front_end)
+    check_widths(gm.graph, widths or {}, front_end.spec)
+    gm = swap_modules(gm, front_end.qat_mapping())
+    gm = insert_activation_quantizers(gm)
+    gm.meta[PLAN_ATTRIBUTE] = plan_from_annotations(gm, front_end)
     record_quantizers(gm)
     plan = typing.cast(QuantizationPlan, plan_of(gm))
     if not plan.weights and not plan.activations:
         warnings.warn(front_end.nothing_quantized(), stacklevel=3)
     return gm
+
+
+def annotate(gm: fx.GraphModule, front_end: FrontEnd) -> None:
+    """Write ``front_end``'s quantization decisions on the (fused) graph's nodes: weights, activations, reasons."""
+    modules = dict(gm.named_modules())
+    mapping = front_end.qat_mapping()
+    for node in gm.graph.nodes:
+        if node.op == "call_module" and type(modules[str(node.target)]) in mapping and not front_end.excluded(node):
+            factory = front_end.weight_quantizer(node, modules[str(node.target)])
+            if factory is not None:
+                annotation_of(node).weight = factory
+    sites = plan_activation_quantizers(gm.graph, modules, front_end.rules(gm))
+    groups: dict[int, list[ActivationSite]] = {}
+    for site in sites:
+        groups.setdefault(site.group, []).append(site)
+    for members in groups.values():
+        first = members[0]
+        shared = SharedQuantizer(
+            [site.value.name for site in members], front_end.activation_quantizer(first), reasons=_reasons(members)
+        )
+        for site in members:
+            if site.consumers is None:
+                shared.readers = None
+                annotation_of(site.value).output = shared
+            else:
+                if shared.readers is not None:
+                    shared.readers.update(consumer.name for consumer in site.consumers)
+                for consumer in site.consumers:
+                    annotation_of(consumer).inputs[site.value.name] = shared
+    _decide_nodes(gm, front_end, modules)
+
+
+def _reasons(members: list[ActivationSite]) -> tuple[str, ...]:
+    first = members[0]
+    reasons = []
+    if first.eight_bit:
+        reasons.append("8-bit: next to the network's first or last layer")
+    if first.unsigned:
+        reasons.append("unsigned: its input is never negative")
+    if first.product_operand:
+        reasons.append("right operand of a product of two activations")
+    if len(members) > 1:
+        reasons.append("shared: the backend requires one quantizer for these values")
+    return tuple(reasons)
 
 
 def record_quantizers(gm: fx.GraphModule) -> None:
@@ -287,71 +314,85 @@ def record_quantizers(gm: fx.GraphModule) -> None:
     gm.meta[PLAN_ATTRIBUTE] = dataclasses.replace(plan, weights=weights, activations=activations, widths=widths)
 
 
-def _quantizer_plans(
-    gm: fx.GraphModule, site_records: list[tuple[ActivationSite, tuple[str, ...] | None]]
-) -> tuple[QuantizerPlan, ...]:
-    groups: dict[int, list[tuple[ActivationSite, tuple[str, ...] | None]]] = {}
-    for site, readers in site_records:
-        groups.setdefault(site.group, []).append((site, readers))
-    plans = []
-    for members in groups.values():
-        first = members[0][0]
-        module = first.module
-        reasons = []
-        if first.eight_bit:
-            reasons.append("8-bit: next to the network's first or last layer")
-        if first.unsigned:
-            reasons.append("unsigned: its input is never negative")
-        if first.product_operand:
-            reasons.append("right operand of a product of two activations")
-        values = tuple(site.value.name for site, _ in members)
-        if len(values) > 1:
-            reasons.append("shared: the backend requires one quantizer for these values")
-        all_readers = [r for _, r in members]
-        readers = (
-            None if any(r is None for r in all_readers) else tuple(sorted({n for r in all_readers for n in r or ()}))
+def plan_from_annotations(gm: fx.GraphModule, front_end: FrontEnd) -> QuantizationPlan:
+    """The plan of a prepared graph, read from its annotations (grids and widths: :func:`record_quantizers`)."""
+    decisions: dict[str, NodeDecision] = {}
+    fused: dict[str, str] = {}
+    shared: dict[int, SharedQuantizer] = {}
+    for node in gm.graph.nodes:
+        annotation = node.meta.get(ANNOTATION)
+        if not isinstance(annotation, Annotation):
+            continue
+        if annotation.decision is not None:
+            decisions[node.name] = annotation.decision
+        if annotation.fusion is not None:
+            fused[node.name] = annotation.fusion.chain
+        for quantizer in [annotation.output, *annotation.inputs.values()]:
+            if quantizer is not None and quantizer.module:
+                shared.setdefault(id(quantizer), quantizer)
+    order = {node.name: i for i, node in enumerate(gm.graph.nodes)}
+    activations = tuple(
+        QuantizerPlan(
+            q.module,
+            tuple(q.values),
+            None if q.readers is None else tuple(sorted(q.readers)),
+            "",  # written by record_quantizers
+            q.reasons,
         )
-        scheme = describe_quantizer(gm.get_submodule(module))
-        plans.append(QuantizerPlan(module, values, readers, scheme, tuple(reasons)))
-    return tuple(plans)
-
-
-def _quantizer_node(node: Any, modules: Mapping[str, nn.Module]) -> bool:
-    return (
-        isinstance(node, fx.Node)
-        and node.op == "call_module"
-        and isinstance(modules.get(str(node.target)), QuantizeBase)
+        for q in sorted(shared.values(), key=lambda q: order.get(q.values[0], -1))
+    )
+    return QuantizationPlan(
+        backend=front_end.backend,
+        front_end=front_end.name,
+        decisions=decisions,
+        weights={},  # written with the widths by record_quantizers
+        fused=fused,
+        activations=activations,
+        spec=front_end.spec,
     )
 
 
-def _decisions(gm: fx.GraphModule, front_end: FrontEnd) -> dict[str, NodeDecision]:
-    """One decision per op node of the prepared graph: the front end's own, else what the graph shows."""
-    modules = dict(gm.named_modules())
+def _decide_nodes(gm: fx.GraphModule, front_end: FrontEnd, modules: Mapping[str, nn.Module]) -> None:
+    """One decision per op node: the front end's own, else what its annotations say."""
     declared = front_end.declared_decisions()
-    decisions: dict[str, NodeDecision] = {}
+    weighted = {
+        str(node.target)
+        for node in gm.graph.nodes
+        if isinstance(node.meta.get(ANNOTATION), Annotation) and node.meta[ANNOTATION].weight is not None
+    }
     for node in gm.graph.nodes:
         op = node_op(node, modules)
-        if op is None or _quantizer_node(node, modules):
+        if op is None or isinstance(modules.get(str(node.target)), QuantizeBase):
             continue
+        annotation = annotation_of(node)
         if node.name in declared:
-            decisions[node.name] = declared[node.name]
+            annotation.decision = declared[node.name]
             continue
         name = op_name(op)
         parts = []
-        if isinstance(getattr(modules.get(str(node.target)), "weight_fake_quant", None), QuantizeBase):
+        if node.op == "call_module" and str(node.target) in weighted:
             parts.append("weights")
-        if any(_quantizer_node(arg, modules) for arg in node.all_input_nodes):
+        if annotation.inputs or any(_quantized_for_all(arg) for arg in node.all_input_nodes):
             parts.append("inputs")
-        if node.users and all(_quantizer_node(user, modules) for user in node.users):
+        if node.users and (_quantized_for_all(node) or all(node.name in _inputs(user) for user in node.users)):
             parts.append("output")
         if front_end.excluded(node):
-            decisions[node.name] = NodeDecision(node.name, name, False, EXCLUDED)
+            annotation.decision = NodeDecision(node.name, name, False, EXCLUDED)
         elif "weights" in parts or "inputs" in parts:  # it computes on quantized values
             listed = ", ".join(parts[:-1]) + " and " + parts[-1] if len(parts) > 1 else parts[0]
-            decisions[node.name] = NodeDecision(node.name, name, True, f"{listed} quantized", name)
+            annotation.decision = NodeDecision(node.name, name, True, f"{listed} quantized", name)
         elif parts:
             reason = "computes in float; its output is quantized for its readers"
-            decisions[node.name] = NodeDecision(node.name, name, False, reason)
+            annotation.decision = NodeDecision(node.name, name, False, reason)
         else:
-            decisions[node.name] = NodeDecision(node.name, name, False, front_end.float_reason(node, modules))
-    return decisions
+            annotation.decision = NodeDecision(node.name, name, False, front_end.float_reason(node, modules))
+
+
+def _quantized_for_all(node: fx.Node) -> bool:
+    annotation = node.meta.get(ANNOTATION)
+    return isinstance(annotation, Annotation) and annotation.output is not None
+
+
+def _inputs(node: fx.Node) -> Mapping[str, SharedQuantizer]:
+    annotation = node.meta.get(ANNOTATION)
+    return annotation.inputs if isinstance(annotation, Annotation) else {}
