@@ -167,12 +167,9 @@ def print_vision(results: dict[str, Any], args: argparse.Namespace) -> None:
 
 
 def minilm_table(args: argparse.Namespace) -> dict[str, Any]:
-    from transformers.utils.fx import HFTracer
-
     from mqbench.models.sentence_embedding import (
         embedding_agreement,
         load_minilm,
-        minilm_prepare_config,
         sentence_embeddings,
         stdlib_docstrings,
         tokenized_batches,
@@ -183,7 +180,7 @@ def minilm_table(args: argparse.Namespace) -> dict[str, Any]:
     calibration = tokenized_batches(tokenizer, texts[0::5][:128])
     held_out = tokenized_batches(tokenizer, [t for i, t in enumerate(texts) if i % 5])
     reference = sentence_embeddings(model, held_out)
-    config = minilm_prepare_config(model)
+    config = {"capture": "export", "example_inputs": calibration[0]}  # torch.export: transformers 4.x and 5.x
     int8_residual = dataclasses.replace(
         ParamsTable["tensorrt_nlp"],
         placement=Placement(inputs_of={"linear", "matmul", "add"}, add_needs_activations=True),
@@ -203,7 +200,7 @@ def minilm_table(args: argparse.Namespace) -> dict[str, Any]:
 
     def measure(label: str, backend: Any, extra: dict | None, smooth: bool | None, seed: int | None = None) -> None:
         started = time.perf_counter()
-        qmodel = prepare_by_platform(model, backend, {**config, **(extra or {})}, custom_tracer=HFTracer())
+        qmodel = prepare_by_platform(model, backend, {**config, **(extra or {})})
         calibrate(qmodel, calibration, smooth=smooth)
         if seed is not None:
             recipe = {"pattern": "block", "max_count": args.minilm_iters, "weight": 0.01, "prob": 1.0, "seed": seed}

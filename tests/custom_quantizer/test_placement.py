@@ -587,6 +587,7 @@ def test_academic_nlp_quantizes_linear_and_matmul():
 @pytest.mark.parametrize("int8_residual", [False, True])
 def test_hf_bert_tensorrt_nlp_matches_float(int8_residual):
     transformers = pytest.importorskip("transformers")
+    pytest.importorskip("transformers.utils.fx", reason="HFTracer: transformers 4.x (make test runs it on 4.57)")
     from transformers.utils.fx import HFTracer
 
     torch.manual_seed(0)
