@@ -1,5 +1,6 @@
 import pytest
 import torch
+from torch import nn
 
 from mqbench.fake_quantize import FixedFakeQuantize
 from mqbench.utils import state
@@ -63,3 +64,26 @@ def test_quantizers_are_named_after_their_module():
     model = Net()
     state.enable_calibration(model)
     assert [q.name for _, q in state.quantizers(model)] == ["input_act_fake_quant", "weight_fake_quant", "block.0"]
+
+
+def test_a_kind_is_selected_by_the_role_prepare_wrote_whatever_the_names():
+    """MQBench's ``quantizer_type`` strings select a kind of quantizer: by the role on a prepared model's
+    quantizers, so that a module whose name contains the other kind's string is still what it is."""
+    from mqbench.prepare_by_platform import prepare_by_platform
+
+    class Named(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.weight_fake_quant_head = nn.Linear(4, 4)  # its output's quantizer's name contains the string
+            self.out = nn.Linear(4, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.out(self.weight_fake_quant_head(x))
+
+    qmodel = prepare_by_platform(Named().eval(), "tensorrt")
+    state.enable_calibration_woquantization(qmodel, quantizer_type="act_fake_quant")
+    on = {name for name, q in state.quantizers(qmodel) if bool(q.observer_enabled[0])}
+    assert on == {"x_post_act_fake_quantizer", "weight_fake_quant_head_post_act_fake_quantizer"}
+    state.enable_calibration_woquantization(qmodel, quantizer_type="weight_fake_quant")
+    on = {name for name, q in state.quantizers(qmodel) if bool(q.observer_enabled[0])}
+    assert on == {"weight_fake_quant_head.weight_fake_quant", "out.weight_fake_quant"}

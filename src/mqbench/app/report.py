@@ -100,11 +100,12 @@ def _graph_order(model: nn.Module, quantizers: list[tuple[str, QuantizeBase]]) -
     if graph is None:
         return quantizers
     by_name = dict(quantizers)
+    weights = {role.layer: name for name, q in quantizers if (role := role_of(name, q)).kind == "weight"}
     ordered: list[tuple[str, QuantizeBase]] = []
     for node in graph.nodes:
         if node.op != "call_module":
             continue
-        for name in (f"{node.target}.weight_fake_quant", str(node.target)):
+        for name in (weights.get(str(node.target), ""), str(node.target)):
             if name in by_name and all(name != seen for seen, _ in ordered):
                 ordered.append((name, by_name[name]))
     ordered += [(name, q) for name, q in quantizers if all(name != seen for seen, _ in ordered)]

@@ -26,6 +26,8 @@ from typing import Any, Protocol, cast
 import torch
 from torch import Tensor, nn
 
+from mqbench.fake_quantize.role import ROLE_ATTRIBUTE, QuantizerRole
+
 __all__ = [
     "Quantizer",
     "UncalibratedError",
@@ -138,9 +140,29 @@ def _check_calibrated(model: nn.Module, args: Any, kwargs: dict[str, Any]) -> No
             model._forward_pre_hooks_with_kwargs.pop(key, None)
 
 
+# MQBench's selectors of one kind of quantizer (its ``quantizer_type`` strings), read as the role prepare wrote
+_ROLE_SELECTORS = {
+    "weight_fake_quant": "weight",
+    "act_fake_quant": "activation",
+    "post_act_fake_quantizer": "activation",
+}
+
+
+def _selected(name: str, quantizer: nn.Module, quantizer_type: str | None) -> bool:
+    """Whether ``quantizer_type`` selects this quantizer: a kind by the role prepare wrote on it, any other string
+    (or a quantizer prepare did not create) by its name."""
+    if quantizer_type is None:
+        return True
+    kind = _ROLE_SELECTORS.get(quantizer_type)
+    role = getattr(quantizer, ROLE_ATTRIBUTE, None)
+    if kind is not None and isinstance(role, QuantizerRole):
+        return role.kind == kind
+    return quantizer_type in name
+
+
 def _set(model: nn.Module, observer: bool, fake_quant: bool, quantizer_type: str | None = None) -> None:
     for name, quantizer in quantizers(model):
-        selected = quantizer_type is None or quantizer_type in name
+        selected = _selected(name, quantizer, quantizer_type)
         quantizer.enable_observer(observer and selected)
         quantizer.enable_fake_quant(fake_quant and selected)
 
@@ -173,16 +195,19 @@ def enable_all(model: nn.Module) -> None:
 
 
 def enable_calibration_woquantization(model: nn.Module, quantizer_type: str = "fake_quant") -> None:
-    """Calibrate only the quantizers whose name contains ``quantizer_type``, without quantizing.
+    """Calibrate only the quantizers ``quantizer_type`` selects, without quantizing.
 
-    The others are switched off entirely. Use ``"act_fake_quant"`` for activation
-    quantizers or ``"weight_fake_quant"`` for weight quantizers.
+    ``"weight_fake_quant"`` selects the weight quantizers and ``"act_fake_quant"`` the activation quantizers (by
+    the role prepare wrote on each; a quantizer without one by its name); any other string the quantizers whose
+    name contains it. The others are
+    switched off entirely.
     """
     _set(model, observer=True, fake_quant=False, quantizer_type=quantizer_type)
 
 
 def enable_calibration_quantization(model: nn.Module, quantizer_type: str = "fake_quant") -> None:
-    """Calibrate and quantize the quantizers whose name contains ``quantizer_type``; the others are off."""
+    """Calibrate and quantize the quantizers ``quantizer_type`` selects (as for
+    :func:`enable_calibration_woquantization`); the others are off."""
     _set(model, observer=True, fake_quant=True, quantizer_type=quantizer_type)
 
 
