@@ -367,3 +367,47 @@ def test_a_finfo_min_mask_is_written_finite_and_the_float_model_computes_the_sam
     disable_all(qmodel)
     with torch.no_grad():
         assert torch.equal(qmodel(ids, mask), model(ids, mask))
+
+
+def test_an_exported_model_takes_reconstruction_and_mixed_widths_and_verifies(tmp_path):
+    """What comes after prepare works on an exported model as on a traced one: widths set by ``quantizer_bits``
+    are built into the plan, AdaRound reconstruction (the layers found in the exported graph) beats rounding to
+    nearest on held-out images, and the result deploys and verifies."""
+    from mqbench.advanced_ptq import calibrate, ptq_reconstruction
+    from mqbench.custom_quantizer.plan import plan_of
+
+    zoo = zoo_model("resnet18")
+    calibration = [zoo.calibration[i : i + 16] for i in range(0, 32, 16)]
+    held_out = zoo.evaluation[:32]
+    scheme = {"symmetry": False, "per_channel": True, "pot_scale": False}
+    config = {
+        "capture": "export",
+        "example_inputs": (calibration[0],),
+        "extra_qconfig_dict": {
+            "w_observer": "MSEObserver",
+            "a_observer": "EMAMSEObserver",
+            "w_fakequantize": "AdaRoundFakeQuantize",
+            "a_fakequantize": "FixedFakeQuantize",
+            "w_qscheme": {"bit": 4, **scheme},
+            "a_qscheme": {"bit": 8, **scheme, "per_channel": False},
+        },
+        "quantizer_bits": {"layer1.0.conv2.weight_fake_quant": 6},
+    }
+    errors = []
+    for reconstruct in (False, True):
+        qmodel = calibrate(prepare_by_platform(zoo.model, "academic", config), calibration)
+        assert qmodel.mqbench_capture == "export"
+        plan = plan_of(qmodel)
+        assert plan is not None
+        widths = [plan.widths[f"{layer}.weight_fake_quant"] for layer in ("conv1", "layer1.0.conv1", "layer1.0.conv2")]
+        assert widths == [8, 4, 6]  # the first layer 8-bit (academic's edge layers), the rest 4, and the one set
+        if reconstruct:
+            torch.manual_seed(0)
+            recipe = {"pattern": "layer", "max_count": 20, "warm_up": 0.2, "weight": 0.01, "progress": False}
+            ptq_reconstruction(qmodel, calibration, recipe)
+        with torch.no_grad():
+            errors.append(float((qmodel(held_out) - zoo.model(held_out)).pow(2).sum(1).mean()))
+    assert errors[1] < errors[0], errors
+    result = convert_deploy(qmodel, "academic", {"x": [4, *held_out.shape[1:]]}, output_path=tmp_path)
+    report = verify_deploy(qmodel, result, held_out[:4])
+    assert report.passed, report.failures()
