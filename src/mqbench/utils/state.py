@@ -148,7 +148,7 @@ _ROLE_SELECTORS = {
 }
 
 
-def _selected(name: str, quantizer: nn.Module, quantizer_type: str | None) -> bool:
+def _selected(name: str, quantizer: object, quantizer_type: str | None) -> bool:
     """Whether ``quantizer_type`` selects this quantizer: a kind by the role prepare wrote on it, any other string
     (or a quantizer prepare did not create) by its name."""
     if quantizer_type is None:
