@@ -28,6 +28,7 @@ import torch
 import torch.utils._pytree as pytree
 
 import mqbench.prepare_by_platform as platform
+from mqbench.custom_quantizer.ops import IDENTITY_MODULES
 
 OUTPUT = os.environ.get("MQBENCH_EXPORT_TWIN")
 ORIGINAL = platform.prepare_by_platform
@@ -40,7 +41,12 @@ def _write(record: dict[str, Any]) -> None:
 
 
 def _names(model: torch.nn.Module) -> dict[str, type]:
-    return {name: type(module) for name, module in model.named_modules() if name and "getitem" not in name}
+    """Modules by name, but for identity-like ones (export drops ``nn.Identity`` calls) and slices' quantizers."""
+    return {
+        name: type(module)
+        for name, module in model.named_modules()
+        if name and "getitem" not in name and not isinstance(module, IDENTITY_MODULES)
+    }
 
 
 def _compare(test: str, prepared: torch.fx.GraphModule, twin: torch.fx.GraphModule, args: Any, kwargs: Any) -> dict:

@@ -199,10 +199,11 @@ SPELLINGS = {
 }
 
 
+@pytest.mark.parametrize("capture", ["fx", "export"])
 @pytest.mark.parametrize("spelling", SPELLINGS)
-def test_every_relu_spelling_fuses(spelling):
+def test_every_relu_spelling_fuses(spelling, capture):
     model = ConvAct(spelling).eval()
-    gm = prepare_by_platform(model, "tensorrt")
+    gm = prepare_by_platform(model, "tensorrt", {"capture": capture, "example_inputs": (torch.randn(2, 3, 4, 4),)})
     assert call_nodes(gm) == ["conv"]
     assert isinstance(gm.conv, nniqat.ConvReLU2d)
     assert type(gm.conv.relu) is SPELLINGS[spelling]

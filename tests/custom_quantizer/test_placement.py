@@ -744,8 +744,12 @@ EXTRA_BASE = {"x": {"conv1"}, "conv1": {"add"}, "act": {"conv2"}, "conv2": {"add
         "exclude_node",
     ],
 )
-def test_extra_quantizer_dict(extra, changes):
-    gm = prepared(ExtraOps(), "tensorrt", {"extra_quantizer_dict": extra})
+@pytest.mark.parametrize("capture", ["fx", "export"])
+def test_extra_quantizer_dict(extra, changes, capture):
+    """The user's additions and exclusions mean the same whichever capture took the model (export writes
+    ``x.tanh()`` and ``torch.tanh`` alike, and ``x.mean()`` as ``torch.mean``)."""
+    config = {"extra_quantizer_dict": extra, "capture": capture, "example_inputs": ExtraOps.inputs()}
+    gm = prepared(ExtraOps(), "tensorrt", config)
     expected = {k: set(v) for k, v in EXTRA_BASE.items()}
     for value, consumers in changes.items():
         if consumers is None:

@@ -8,10 +8,13 @@ extension points) and are attached to a backend with :func:`register_model_quant
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
+import torch
+import torch.nn.functional as F
 from torch import fx, nn
 
 from mqbench.backends.registry import ParamsTable, resolve_backend
@@ -119,6 +122,9 @@ class ModelQuantizer:
         module_types = self.module_type_to_quant_input
         functions = self.function_type_to_quant_input
         node_names = set(self.extra_quantizer_dict.get("additional_node_name", ()))
+        # the user's torch ops by name, in every spelling a capture writes (x.tanh(), torch.tanh; operator.add,
+        # torch.add): torch.fx keeps the spelling of the source, torch.export writes one of its own
+        spelled = {_torch_op_name(f) for f in self.extra_quantizer_dict.get("additional_function_type", ())} - {None}
 
         def quantizes_input(node: fx.Node) -> bool:
             if node.name in node_names:
@@ -129,10 +135,26 @@ class ModelQuantizer:
                     module = module[0]
                 return isinstance(module, module_types)
             if node.op in ("call_function", "call_method"):
-                return any(node.target is f or node.target == f for f in functions)
+                return any(node.target is f or node.target == f for f in functions) or (
+                    bool(spelled) and _torch_op_name(node.target) in spelled
+                )
             return False
 
         return quantizes_input
+
+
+def _torch_op_name(target: Any) -> str | None:
+    """The name of a torch op in any of its spellings (a method name, ``torch.*``, ``F.*``, ``operator.*``, a
+    ``Tensor`` method), or None for any other function."""
+    if isinstance(target, str):
+        return target
+    name = getattr(target, "__name__", None)
+    if not isinstance(name, str):
+        return None
+    for namespace in (torch, F, operator, torch.Tensor):
+        if getattr(namespace, name, None) is target:
+            return name
+    return None
 
 
 class _PlacementFrontEnd(FrontEnd):
