@@ -29,6 +29,7 @@ import torch.utils._pytree as pytree
 
 import mqbench.prepare_by_platform as platform
 from mqbench.custom_quantizer.ops import IDENTITY_MODULES
+from mqbench.utils.state import is_quantizer
 
 OUTPUT = os.environ.get("MQBENCH_EXPORT_TWIN")
 ORIGINAL = platform.prepare_by_platform
@@ -62,6 +63,19 @@ def _compare(test: str, prepared: torch.fx.GraphModule, twin: torch.fx.GraphModu
     state = prepared.state_dict()
     renamed = set(state) != set(twin.state_dict())
     twin.load_state_dict(state, strict=False)
+    # quantizers named after another getitem counter: the same quantizers in graph (registration) order
+    fx_quantizers = [name for name, module in prepared.named_modules() if is_quantizer(module)]
+    export_quantizers = [name for name, module in twin.named_modules() if is_quantizer(module)]
+    only_fx = [name for name in fx_quantizers if name not in set(export_quantizers)]
+    only_export = [name for name in export_quantizers if name not in set(fx_quantizers)]
+    if len(only_fx) != len(only_export):
+        return {
+            **record,
+            "status": "different",
+            "why": f"quantizers only fx: {only_fx[:4]}, only export: {only_export[:4]}",
+        }
+    for fx_name, export_name in zip(only_fx, only_export, strict=True):
+        twin.get_submodule(export_name).load_state_dict(prepared.get_submodule(fx_name).state_dict())
     twin.train(prepared.training)
     reference = copy.deepcopy(prepared)
     outputs = []
