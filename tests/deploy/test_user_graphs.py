@@ -21,7 +21,7 @@ from mqbench.convert_deploy import convert_deploy
 from mqbench.deploy.onnx_graph import ort_session
 from mqbench.deploy.verify import verify_deploy
 from mqbench.prepare_by_platform import prepare_by_platform
-from mqbench.utils.state import disable_all, enable_calibration, enable_quantization
+from mqbench.utils.state import disable_all, enable_calibration, enable_quantization, is_quantizer
 
 BACKENDS = ["tensorrt", "openvino", "onnx_qnn", "vitis", "nnie"]
 SHAPE = [1, 3, 8, 8]
@@ -406,6 +406,24 @@ def test_integer_arithmetic_is_not_quantized(backend, tmp_path):
     ids = torch.randint(0, 10, (2, 6), generator=torch.Generator().manual_seed(2))
     deploy_and_check(PositionIds(), backend, (ids,), tmp_path / "ids")
     deploy_and_check(IntegerOffsets(), backend, (torch.randn(SHAPE),), tmp_path / "offsets")
+
+
+@pytest.mark.parametrize("backend", ["tensorrt", "openvino", "snpe"])
+def test_export_quantizes_no_integer_tensor(backend):
+    """torch.export records dtypes: no quantizer reads an integer tensor (token positions, an ``arange``), and an
+    add of an activation and an integer tensor is not an integer add (the quantizers torch.fx's capture gets, whose
+    ``arange`` of a traced shape is no tensor to the placement rules)."""
+    ids = torch.randint(0, 10, (2, 6), generator=torch.Generator().manual_seed(2))
+    for model, inputs in ((PositionIds(), (ids,)), (IntegerOffsets(), (torch.randn(SHAPE),))):
+        qmodel = prepare_by_platform(model.eval(), backend, {"capture": "export", "example_inputs": inputs})
+        modules = dict(qmodel.named_modules())
+        read = [n.args[0] for n in qmodel.graph.nodes if n.op == "call_module" and is_quantizer(modules[n.target])]
+        assert read, "nothing quantized"
+        assert all(value.meta["val"].is_floating_point() for value in read), [v.name for v in read]
+        if isinstance(model, IntegerOffsets):
+            traced = prepare_by_platform(model.eval(), backend, {"capture": "fx"})
+            names = {name for name, module in traced.named_modules() if is_quantizer(module)}
+            assert names == {name for name, module in modules.items() if is_quantizer(module)}
 
 
 def _scaled_hex(line: str, factor: float) -> str:

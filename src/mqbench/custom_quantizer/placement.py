@@ -80,6 +80,13 @@ def _is_tensor(node: fx.Node, memo: dict[fx.Node, bool]) -> bool:
     return result
 
 
+def _integer(node: fx.Node) -> bool:
+    """Whether the capture recorded ``node`` as an integer or boolean tensor (torch.export records dtypes; a
+    torch.fx node's dtype is unknown): position arithmetic, token ids, masks. No quantizer reads such a value."""
+    value = node.meta.get("val")
+    return isinstance(value, torch.Tensor) and not (value.is_floating_point() or value.is_complex())
+
+
 def _tensor_args(node: fx.Node, memo: dict[fx.Node, bool], unique: bool = True) -> list[fx.Node]:
     """The tensor-valued nodes among ``node``'s arguments (each once unless ``unique`` is False)."""
     nodes: list[fx.Node] = []
@@ -292,7 +299,7 @@ def plan_activation_quantizers(
     sentinel_memo: dict[fx.Node, bool] = {}
 
     def mark(value: fx.Node, consumer: fx.Node | None) -> ActivationSite | None:
-        if value.op == "get_attr" or not _is_tensor(value, tensor_memo):
+        if value.op == "get_attr" or not _is_tensor(value, tensor_memo) or _integer(value):
             return None
         memos = (data_memo, sentinel_memo)
         if _holds_sentinel(value, kinds, memos) or _masked(value, kinds, memos):
@@ -316,8 +323,10 @@ def plan_activation_quantizers(
             inputs = _tensor_args(node, tensor_memo)
             if node.op == "call_module" or kind in WEIGHTED_KINDS:
                 inputs = inputs[:1]  # the activation; weights belong to the module
-            elif kind in ("add", "mul", "matmul") and len(_tensor_args(node, tensor_memo, unique=False)) < 2:
-                inputs = []  # an op with a constant is not an integer binary op (x * x is)
+            elif kind in ("add", "mul", "matmul") and (
+                len(_tensor_args(node, tensor_memo, unique=False)) < 2 or any(_integer(a) for a in inputs)
+            ):
+                inputs = []  # an op with a constant or an integer tensor is not an integer binary op (x * x is)
             if kind == "add" and placement.fused_mul_add:
                 inputs = [a for a in inputs if not (kinds[a] == "mul" and _single_user(a) is node)]
             if (
