@@ -8,8 +8,9 @@ Wherever a test calls ``prepare_by_platform`` (without choosing a capture or a c
 prepared model, the first call's inputs become ``example_inputs``: the same float model is prepared again with
 ``capture="export"``, given the fx-prepared model's state (parameters, statistics, switches), and both compute
 the first call's inputs (on copies, under one random seed). One JSON line per prepared model records the outcome:
-``same`` (the same modules of the same types, and equal outputs bit for bit), ``renamed`` (equal outputs; only
-quantizers after a slice are named after another ``getitem`` counter), ``different`` (with what differs),
+``same`` (the same modules of the same types, and equal outputs bit for bit), ``renamed`` (equal outputs; some
+quantizers are named after another name of the node they follow, such as ``relu`` for fx's ``relu_``, paired in
+graph order), ``different`` (with what differs),
 ``export_failed`` (with the error) or ``not_called``. The test itself goes on with the fx-prepared model: the
 plugin measures, it changes no test's outcome.
 """
@@ -42,12 +43,21 @@ def _write(record: dict[str, Any]) -> None:
 
 
 def _names(model: torch.nn.Module) -> dict[str, type]:
-    """Modules by name, but for identity-like ones (export drops ``nn.Identity`` calls) and slices' quantizers."""
+    """Modules by name, but for quantizers (compared by count and order: a quantizer is named after the node it
+    follows, and the captures name some nodes differently) and identity-like ones (export drops ``nn.Identity``)."""
     return {
         name: type(module)
         for name, module in model.named_modules()
-        if name and "getitem" not in name and not isinstance(module, IDENTITY_MODULES)
+        if name
+        and not is_quantizer(module)
+        and not isinstance(module, IDENTITY_MODULES)
+        and not any(is_quantizer(parent) for parent in _parents(model, name))
     }
+
+
+def _parents(model: torch.nn.Module, name: str) -> list[torch.nn.Module]:
+    parts = name.split(".")
+    return [model.get_submodule(".".join(parts[:i])) for i in range(1, len(parts))]
 
 
 def _compare(test: str, prepared: torch.fx.GraphModule, twin: torch.fx.GraphModule, args: Any, kwargs: Any) -> dict:
