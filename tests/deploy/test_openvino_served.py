@@ -95,6 +95,46 @@ def test_relu_then_a_negative_scaling_is_served_as_written(tmp_path, layer, scal
     assert "Relu" not in {n.op_type for n in fq_model.graph.node}  # its one reader now clamps instead
 
 
+@pytest.mark.parametrize("form", ["LayerNormalization", "ReduceMean"])
+def test_a_normalized_sum_of_quantized_values_keeps_its_epsilon(tmp_path, form):
+    """A LayerNormalization (or its ReduceMean / Sub / Sqrt form) of an Add of two quantized tensors, on rows whose
+    variance is within a few hundred times epsilon: OpenVINO serves it with epsilon, as ONNX and the simulation
+    compute it (its CPU plugin used to move the sum's scale past the normalization and drop epsilon: rows off by
+    up to 90%)."""
+    rng = np.random.default_rng(2)
+    width, epsilon = 64, 1e-5
+    x = (rng.standard_normal((4, width)) * np.array([[0.003], [0.01], [0.02], [0.05]])).astype(np.float32)
+    nodes = [helper.make_node("Mul", ["x", "k"], ["t"], name="scale"), helper.make_node("Add", ["x", "t"], ["s"])]
+    if form == "LayerNormalization":
+        nodes.append(helper.make_node("LayerNormalization", ["s", "g", "b"], ["y"], axis=-1, epsilon=epsilon))
+    else:
+        nodes += [
+            helper.make_node("ReduceMean", ["s"], ["m"], axes=[-1]),
+            helper.make_node("Sub", ["s", "m"], ["d"]),
+            helper.make_node("Mul", ["d", "d"], ["d2"]),
+            helper.make_node("ReduceMean", ["d2"], ["v"], axes=[-1]),
+            helper.make_node("Add", ["v", "eps"], ["ve"]),
+            helper.make_node("Sqrt", ["ve"], ["root"]),
+            helper.make_node("Div", ["d", "root"], ["n"]),
+            helper.make_node("Mul", ["n", "g"], ["ng"]),
+            helper.make_node("Add", ["ng", "b"], ["y"]),
+        ]
+    k = -(rng.random((1, width)) + 0.5)
+    inits = {"k": k, "g": np.ones(width), "b": np.zeros(width), "eps": np.array(epsilon)}
+    model = model_of(nodes, {"x": x}, ["y"], inits)
+    table = QParamTable({"x": act(0.2 / 255, -128, 127), "t": act(0.3 / 255, -128, 127)})
+    served, reference, _ = served_and_reference(model, table, x, tmp_path)
+    # the reference, as a formula: the quantized sum normalized with epsilon added to the variance
+    first = np.clip(np.rint(x / (0.2 / 255)), -128, 127) * (0.2 / 255)  # the scaling reads the quantized x
+    second = np.clip(np.rint(first * k / (0.3 / 255)), -128, 127) * (0.3 / 255)
+    total = first + second
+    centered = total - total.mean(-1, keepdims=True)
+    formula = centered / np.sqrt((centered**2).mean(-1, keepdims=True) + epsilon)
+    assert (centered**2).mean(-1).min() < 100 * epsilon  # rows where dropping epsilon shows
+    np.testing.assert_allclose(reference, formula, rtol=0, atol=1e-4)
+    np.testing.assert_allclose(served, formula, rtol=0, atol=1e-4)
+
+
 def test_a_quantized_relu_output_is_left_alone():
     """Where the table quantizes the Relu's output, its FakeQuantize is what the multiply reads: no rewrite."""
     rng = np.random.default_rng(1)
