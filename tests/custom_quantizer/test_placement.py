@@ -831,3 +831,37 @@ def test_every_backend_prepares_and_runs(backend):
     assert quantizer_nodes(gm)
     calibrate(gm, *model.inputs())
     assert gm(*model.inputs()).shape == (2, 5)
+
+
+class ShapeReads(nn.Module):
+    """A convolution's output reshaped by sizes read from the tensors themselves, then pooled."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(2, 2, 3, padding=1)
+
+    def forward(self, x):
+        y = self.conv(x)
+        flat = y.view(y.shape[0], 2, -1)
+        square = flat.reshape(flat.size(0), flat.shape[1], 6, 6)
+        return F.avg_pool2d(square, 2)
+
+
+@pytest.mark.parametrize("capture", ["fx", "export"])
+def test_a_read_of_a_shape_is_not_a_reader_of_the_values(capture):
+    """The convolution's output quantizer goes past the data movement to the tensor the pool reads, whether the
+    sizes are read from the moved tensors (fx records ``x.shape`` and ``x.size(0)`` as readers of them; export,
+    as symbols): one quantizer, on the reshape, on both captures."""
+    config: dict[str, Any] = {"capture": capture}
+    if capture == "export":
+        config["example_inputs"] = torch.randn(2, 2, 6, 6)
+    qmodel = prepare_by_platform(ShapeReads().eval(), "snpe", config)
+    modules = dict(qmodel.named_modules())
+    read = [
+        n.args[0]
+        for n in qmodel.graph.nodes
+        if n.op == "call_module" and isinstance(modules[str(n.target)], QuantizeBase)
+    ]
+    kinds = [v.op if v.op in ("placeholder", "call_module") else getattr(v.target, "__name__", v.target) for v in read]
+    # the network input, then the convolution's output once reshaped (not the view), then the pool's output
+    assert kinds == ["placeholder", "reshape", "avg_pool2d"], read

@@ -229,8 +229,27 @@ def _composite_activations(graph: fx.Graph, tensor_memo: dict[fx.Node, bool]) ->
 
 
 def _single_user(node: fx.Node) -> fx.Node | None:
-    users = list(node.users)
+    """The one node that reads ``node``'s values, if one does; reads of its shape, size or dtype do not count (export
+    records them as symbols where fx records ``x.shape`` and ``x.size()``)."""
+    users = [user for user in node.users if not _reads_metadata(user)]
     return users[0] if len(users) == 1 else None
+
+
+def _reads_metadata(node: fx.Node) -> bool:
+    """Whether ``node`` reads only a tensor's metadata (``x.shape``, ``x.size(0)``, ``x.dim()``, ``x.dtype``)."""
+    if node.op == "call_method":
+        return node.target in ("size", "dim", "numel", "__len__")
+    return (
+        node.op == "call_function"
+        and node.target is getattr
+        and node.args[1:2]
+        in (
+            ("shape",),
+            ("dtype",),
+            ("device",),
+            ("ndim",),
+        )
+    )
 
 
 def _ends_in_relu(node: fx.Node, modules: Mapping[str, nn.Module], kinds: Mapping[fx.Node, str | None]) -> bool:
