@@ -240,6 +240,8 @@ def prepare_by_platform(
     linear_layers(model)  # transformers' Conv1D (GPT-2) is prepared as the nn.Linear it is
     half = bool(_half_types(model))
     _to_float32(model)
+    if half and "example_inputs" in config:  # captured as it runs once prepared: on float32 inputs
+        config["example_inputs"] = _as_float32(config["example_inputs"])
     if is_qat is None:
         is_qat = training
     leaf_modules = tuple(config.get("leaf_module", ()))

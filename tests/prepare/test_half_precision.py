@@ -25,11 +25,16 @@ def _model(dtype: torch.dtype) -> nn.Module:
     return model.eval().to(dtype)
 
 
+@pytest.mark.parametrize("capture", ["fx", "export"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_a_half_precision_model_prepares_calibrates_deploys_and_verifies_in_float32(dtype, tmp_path):
+def test_a_half_precision_model_prepares_calibrates_deploys_and_verifies_in_float32(dtype, capture, tmp_path):
     model = _model(dtype)
+    config = {"capture": capture}
+    if capture == "export":  # captured on its own half-precision example
+        config["example_inputs"] = torch.randn(2, 3, 8, 8).to(dtype)
     with pytest.warns(UserWarning, match=r"parameters; mqbench calibrates, simulates and deploys in float32"):
-        qmodel = prepare_by_platform(model, "tensorrt")
+        qmodel = prepare_by_platform(model, "tensorrt", config)
+    assert qmodel.mqbench_capture == capture
     assert all(p.dtype == dtype for p in model.parameters())  # the user's model is left as it was
     assert all(p.dtype == torch.float32 for p in qmodel.parameters())
 
