@@ -42,22 +42,17 @@ def _write(record: dict[str, Any]) -> None:
             stream.write(json.dumps(record) + "\n")
 
 
-def _names(model: torch.nn.Module) -> dict[str, type]:
-    """Modules by name, but for quantizers (compared by count and order: a quantizer is named after the node it
-    follows, and the captures name some nodes differently) and identity-like ones (export drops ``nn.Identity``)."""
+def _names(model: torch.fx.GraphModule) -> dict[str, type]:
+    """The modules the graph calls, by name, but for quantizers (compared by count and order: a quantizer is named
+    after the node it follows, and the captures name some nodes differently) and identity-like ones (export drops
+    ``nn.Identity``; fx keeps the module that holds one, uncalled)."""
+    called = {str(node.target) for node in model.graph.nodes if node.op == "call_module"}
+    modules = {name: model.get_submodule(name) for name in called}
     return {
         name: type(module)
-        for name, module in model.named_modules()
-        if name
-        and not is_quantizer(module)
-        and not isinstance(module, IDENTITY_MODULES)
-        and not any(is_quantizer(parent) for parent in _parents(model, name))
+        for name, module in modules.items()
+        if not is_quantizer(module) and not isinstance(module, IDENTITY_MODULES)
     }
-
-
-def _parents(model: torch.nn.Module, name: str) -> list[torch.nn.Module]:
-    parts = name.split(".")
-    return [model.get_submodule(".".join(parts[:i])) for i in range(1, len(parts))]
 
 
 def _compare(test: str, prepared: torch.fx.GraphModule, twin: torch.fx.GraphModule, args: Any, kwargs: Any) -> dict:
