@@ -6,6 +6,8 @@ import pytest
 import torch
 from torch import fx, nn
 
+from mqbench.backends.registry import resolve_backend
+from mqbench.custom_quantizer import ModelQuantizer
 from mqbench.custom_quantizer.annotation import (
     ANNOTATION,
     Annotation,
@@ -14,7 +16,8 @@ from mqbench.custom_quantizer.annotation import (
     graph_annotations,
 )
 from mqbench.custom_quantizer.passes import fuse_patterns, insert_activation_quantizers, mark_fusions, swap_modules
-from mqbench.custom_quantizer.plan import plan_of
+from mqbench.custom_quantizer.plan import annotate_graph, carry_out, plan_of
+from mqbench.custom_quantizer.qconfig import resolve_qconfig
 from mqbench.fake_quantize import FixedFakeQuantize
 from mqbench.fake_quantize.role import role_of
 from mqbench.fuser_method_mapping import FUSER_METHODS, QAT_MODULE_MAPPING
@@ -87,6 +90,65 @@ def test_the_passes_do_what_annotations_written_by_hand_say():
     x_in = torch.randn(2, 3, 5, 5)
     with torch.no_grad():
         gm(x_in)  # it runs
+
+
+def _front_end(backend: str, gm: fx.GraphModule):
+    spec = resolve_backend(backend)
+    return ModelQuantizer(spec).front_end(gm, resolve_qconfig(spec, None, False))
+
+
+def test_every_decision_is_on_the_captured_graph_before_any_pass():
+    """The front end decides on the captured graph: after annotation nothing is fused, swapped or inserted, and
+    the fused chain's op (named by its first node) holds its weight, its output's quantizer and its decision;
+    carrying the annotations out gives the prepared model prepare_by_platform gives, and each chain's fuser ran
+    once."""
+    model = Branches().eval()
+    gm = fx.symbolic_trace(model)
+    before = [(n.name, n.op, str(n.target)) for n in gm.graph.nodes]
+    calls = []
+    front_end = _front_end("vitis", gm)
+    fusers, skip = front_end.fusion()
+    counted = {pattern: _counting(fuser, calls) for pattern, fuser in fusers.items()}
+    front_end.fusion = lambda: (counted, skip)  # type: ignore[method-assign]
+    annotated = annotate_graph(gm, front_end, is_qat=False)
+    assert [(n.name, n.op, str(n.target)) for n in annotated.graph.nodes] == before  # the captured graph, as it was
+    assert type(annotated.get_submodule("a")) is nn.Conv2d and type(annotated.get_submodule("bn")) is nn.BatchNorm2d
+    found = graph_annotations(annotated.graph)
+    assert found["a"].fusion is not None and found["a"].fusion.nodes == ("a", "bn", "relu")
+    assert found["a"].weight is not None and found["a"].decision is not None and found["a"].decision.quantized
+    assert "bn" not in found and "relu" not in found  # ops of the chain: the chain's op at "a" stands for them
+    shared = found["a"].output
+    assert shared is not None and shared is found["b"].output and shared.values == ["a", "b"]
+    assert found["cat"].decision is not None and len(calls) == 1
+    prepared = carry_out(annotated, front_end, is_qat=False)
+    assert len(calls) == 1  # the chain fused with the module built while deciding
+    reference = prepare_by_platform(model, "vitis")
+    assert [(n.name, str(n.target)) for n in prepared.graph.nodes] == [
+        (n.name, str(n.target)) for n in reference.graph.nodes
+    ]
+    assert plan_of(prepared) == plan_of(reference)
+
+
+def test_an_annotation_edited_before_the_passes_is_what_they_do():
+    """Annotations are the plan: one edited between annotation and the passes (a layer's weights kept float, an
+    output quantizer dropped) is what the prepared model does."""
+    gm = fx.symbolic_trace(Branches().eval())
+    front_end = _front_end("tensorrt", gm)
+    annotated = annotate_graph(gm, front_end, is_qat=False)
+    found = graph_annotations(annotated.graph)
+    assert found["b"].weight is not None
+    found["b"].weight = None
+    prepared = carry_out(annotated, front_end, is_qat=False)
+    assert not hasattr(prepared.get_submodule("b"), "weight_fake_quant")
+    assert hasattr(prepared.get_submodule("head"), "weight_fake_quant")
+
+
+def _counting(fuser, calls):
+    def counted(*args):
+        calls.append(args)
+        return fuser(*args)
+
+    return counted
 
 
 def test_an_annotation_lives_in_node_meta_under_one_key():

@@ -75,13 +75,19 @@ class NodeDecision:
     pattern: str = ""  # the backend pattern or op kind that matched, or the chain that was seen
 
 
-@dataclass(frozen=True)
+@dataclass
 class Fusion:
-    """A chain of ops the backend runs as one: its nodes (first to last), the name of the chain, its fuser."""
+    """A chain of ops the backend runs as one: its nodes (first to last), the name of the chain, its fuser.
+
+    On the captured graph the chain is named by its first node, which holds the annotations of the fused op (its
+    weight quantizer, its output's quantizer, its decision); its readers name it so in their ``inputs``. ``module``
+    is the fused module once built (the fuser is called once per chain) until :func:`fuse_patterns` puts it in
+    place."""
 
     nodes: tuple[str, ...]
     chain: str  # "Conv2d-BatchNorm2d-ReLU"
     fuser: Callable[..., nn.Module] = field(repr=False, compare=False)
+    module: nn.Module | None = field(default=None, repr=False, compare=False)
 
 
 @dataclass(eq=False)

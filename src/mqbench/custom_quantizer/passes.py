@@ -6,6 +6,7 @@ Each pass takes a GraphModule, edits it in place, lints and recompiles it, and r
 from __future__ import annotations
 
 import builtins
+import copy
 import math
 import operator
 from collections import Counter
@@ -313,24 +314,70 @@ def mark_fusions(
             break
 
 
-def fuse_patterns(gm: fx.GraphModule, is_qat: bool) -> fx.GraphModule:
-    """Replace each chain annotated by :func:`mark_fusions` with ``fuser(is_qat, *parts)`` at its first node."""
+def build_fused_modules(gm: fx.GraphModule, is_qat: bool) -> dict[str, nn.Module]:
+    """Build the module of each chain annotated by :func:`mark_fusions` (``fuser(is_qat, *parts)``, once per
+    chain: kept on its :class:`Fusion`); the fused modules by the chain's first module's name."""
     modules = dict(gm.named_modules())
     nodes = {node.name: node for node in gm.graph.nodes}
-    for node in list(gm.graph.nodes):
+    built = {}
+    for node in gm.graph.nodes:
+        annotation = node.meta.get(ANNOTATION)
+        fusion = annotation.fusion if isinstance(annotation, Annotation) else None
+        if fusion is None:
+            continue
+        if fusion.module is None:
+            chain = [nodes[name] for name in fusion.nodes]
+            parts = [modules[str(n.target)] if n.op == "call_module" else n.target for n in chain]
+            fusion.module = fusion.fuser(is_qat, *parts)
+            fusion.module.train(modules[str(node.target)].training)
+        built[str(node.target)] = fusion.module
+    return built
+
+
+def _collapse_chains(graph: fx.Graph) -> None:
+    """Each annotated chain as its first node: the last node's readers read the first, the others are gone."""
+    nodes = {node.name: node for node in graph.nodes}
+    for node in list(graph.nodes):
         annotation = node.meta.get(ANNOTATION)
         fusion = annotation.fusion if isinstance(annotation, Annotation) else None
         if fusion is None:
             continue
         chain = [nodes[name] for name in fusion.nodes]
-        parts = [modules[str(n.target)] if n.op == "call_module" else n.target for n in chain]
-        fused = fusion.fuser(is_qat, *parts)
-        fused.train(modules[str(node.target)].training)
-        set_submodule(gm, str(node.target), fused)
-        modules[str(node.target)] = fused
         chain[-1].replace_all_uses_with(node)
         for follower in reversed(chain[1:]):
-            gm.graph.erase_node(follower)
+            graph.erase_node(follower)
+
+
+def fused_view(gm: fx.GraphModule, is_qat: bool) -> fx.GraphModule:
+    """``gm`` as the backend runs it, for a front end to decide on: a copy of its graph with each chain annotated
+    by :func:`mark_fusions` collapsed to its first node, which calls the fused module. The view calls ``gm``'s
+    own modules (no parameter is copied); ``gm`` keeps its graph. Its nodes hold ``gm``'s annotations (the same
+    objects), and keep their names."""
+    fused = build_fused_modules(gm, is_qat)
+    graph = copy.deepcopy(gm.graph)
+    _collapse_chains(graph)
+    targets = {str(n.target) for n in graph.nodes if n.op in ("call_module", "get_attr")}
+    root = {target: fused[target] if target in fused else _attribute(gm, target) for target in targets}
+    return fx.GraphModule(root, graph, class_name=type(gm).__name__)
+
+
+def _attribute(gm: fx.GraphModule, target: str) -> Any:
+    value: Any = gm
+    for part in target.split("."):
+        value = getattr(value, part)
+    return value
+
+
+def fuse_patterns(gm: fx.GraphModule, is_qat: bool) -> fx.GraphModule:
+    """Replace each chain annotated by :func:`mark_fusions` with its fused module at its first node (the module
+    :func:`build_fused_modules` built, or ``fuser(is_qat, *parts)``)."""
+    for target, fused in build_fused_modules(gm, is_qat).items():
+        set_submodule(gm, target, fused)
+    for node in gm.graph.nodes:
+        annotation = node.meta.get(ANNOTATION)
+        if isinstance(annotation, Annotation) and annotation.fusion is not None:
+            annotation.fusion.module = None  # in place now: the annotation holds no module
+    _collapse_chains(gm.graph)
     return _finish(gm)
 
 

@@ -47,6 +47,7 @@ from mqbench.custom_quantizer.annotation import (
     SharedQuantizer,
     annotation_of,
     check_widths,
+    graph_annotations,
 )
 from mqbench.custom_quantizer.functionalize import functionalize
 from mqbench.custom_quantizer.modularize import modularize
@@ -55,6 +56,7 @@ from mqbench.custom_quantizer.passes import (
     eliminate_dead_code,
     finite_sentinels,
     fuse_patterns,
+    fused_view,
     insert_activation_quantizers,
     mark_fusions,
     swap_modules,
@@ -72,6 +74,8 @@ __all__ = [
     "QuantizationPlan",
     "QuantizerPlan",
     "annotate",
+    "annotate_graph",
+    "carry_out",
     "describe_quantizer",
     "node_op",
     "op_name",
@@ -181,7 +185,8 @@ class FrontEnd:
         return {}
 
     def decide(self, gm: fx.GraphModule) -> None:
-        """Called on the fused graph, before any module is swapped: make per-node decisions here."""
+        """Called on the graph as the backend runs it (each fused chain one op, :func:`fused_view`), before any
+        annotation is written: make per-node decisions here."""
 
     def weight_quantizer(self, node: fx.Node, module: nn.Module) -> Factory | None:
         """The weight quantizer of a layer node, or None to keep its weights float."""
@@ -218,10 +223,27 @@ class FrontEnd:
 def prepare_graph(
     gm: fx.GraphModule, front_end: FrontEnd, is_qat: bool, widths: Mapping[str, int] | None = None
 ) -> fx.GraphModule:
-    """Annotate ``gm`` with ``front_end``'s decisions, carry them out (fuse, swap, insert) and store the plan.
+    """Annotate ``gm`` with ``front_end``'s decisions (:func:`annotate_graph`), then carry them out
+    (:func:`carry_out`: fuse, swap, insert) and store the plan.
 
     ``widths`` (``quantizer_bits``: quantizer name -> bit width) are part of the plan: each named quantizer is
     built at its width.
+    """
+    return carry_out(annotate_graph(gm, front_end, is_qat, widths), front_end, is_qat)
+
+
+def annotate_graph(
+    gm: fx.GraphModule, front_end: FrontEnd, is_qat: bool, widths: Mapping[str, int] | None = None
+) -> fx.GraphModule:
+    """The captured graph with every decision of ``front_end`` written on its nodes, before any pass runs.
+
+    The graph is normalized first (in-place ops as functions, functional layers as modules, shape assertions
+    dropped, infinite mask constants made finite). Then the front end marks the chains the backend runs as one op
+    (on the chain's first node), and decides on the graph as the backend runs it (:func:`fused_view`: each chain
+    one op, named by its first node): weight quantizers, activation quantizers (one :class:`SharedQuantizer` per
+    module), a decision per op node; ``widths`` are checked and written on the quantizers they name. The
+    returned graph is the captured one (nothing fused, swapped or inserted yet): its annotations are the whole
+    plan, for :func:`carry_out` (or a user who edits them first).
     """
     gm = finite_sentinels(modularize(drop_shape_assertions(functionalize(gm))))
     eliminate_dead_code(gm)  # dead branches (made side-effect free above) would not export
@@ -230,17 +252,31 @@ def prepare_graph(
     if fusers:
         excluded = front_end.excluded
         mark_fusions(gm, fusers, skip=lambda node: skip(node) or excluded(node))
-        gm = fuse_patterns(gm, is_qat)
-    front_end.decide(gm)
-    annotate(gm, front_end)
+    chained = any(annotation.fusion is not None for annotation in graph_annotations(gm.graph).values())
+    view = fused_view(gm, is_qat) if chained else gm
+    front_end.decide(view)
+    annotate(view, front_end)
+    if view is not gm:  # the decisions belong to the captured graph's nodes (of the same names)
+        nodes = {node.name: node for node in gm.graph.nodes}
+        for node in view.graph.nodes:
+            if ANNOTATION in node.meta:
+                nodes[node.name].meta[ANNOTATION] = node.meta[ANNOTATION]
     check_widths(gm.graph, widths or {}, front_end.spec)
+    return gm
+
+
+def carry_out(gm: fx.GraphModule, front_end: FrontEnd, is_qat: bool) -> fx.GraphModule:
+    """Carry out the annotations of a captured graph (:func:`annotate_graph`): fuse the annotated chains, swap
+    the layers with weight quantizers for their QAT modules, insert the activation quantizers; the plan, read
+    from the annotations, is stored in the prepared graph's ``meta``."""
+    gm = fuse_patterns(gm, is_qat)
     gm = swap_modules(gm, front_end.qat_mapping())
     gm = insert_activation_quantizers(gm)
     gm.meta[PLAN_ATTRIBUTE] = plan_from_annotations(gm, front_end)
     record_quantizers(gm)
     plan = typing.cast(QuantizationPlan, plan_of(gm))
     if not plan.weights and not plan.activations:
-        warnings.warn(front_end.nothing_quantized(), stacklevel=3)
+        warnings.warn(front_end.nothing_quantized(), stacklevel=4)
     return gm
 
 
