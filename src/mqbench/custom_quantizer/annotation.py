@@ -55,6 +55,7 @@ __all__ = [
     "NodeDecision",
     "SharedQuantizer",
     "activation_quantizer_name",
+    "annotated_inputs",
     "annotation_of",
     "check_widths",
     "graph_annotations",
@@ -129,6 +130,12 @@ def annotation_of(node: fx.Node) -> Annotation:
     if not isinstance(annotation, Annotation):
         annotation = node.meta[ANNOTATION] = Annotation()
     return annotation
+
+
+def annotated_inputs(node: fx.Node) -> Mapping[str, SharedQuantizer]:
+    """The quantizers ``node`` reads its inputs through, by value name (none for a node without annotation)."""
+    annotation = node.meta.get(ANNOTATION)
+    return annotation.inputs if isinstance(annotation, Annotation) else {}
 
 
 def graph_annotations(graph: fx.Graph) -> dict[str, Annotation]:

@@ -16,7 +16,13 @@ from typing import Any
 import torch
 from torch import fx, nn
 
-from mqbench.custom_quantizer.annotation import ANNOTATION, Annotation, Fusion, SharedQuantizer, annotation_of
+from mqbench.custom_quantizer.annotation import (
+    ANNOTATION,
+    Annotation,
+    Fusion,
+    annotated_inputs,
+    annotation_of,
+)
 from mqbench.custom_quantizer.bits import set_quantizer_bits
 from mqbench.fake_quantize.role import QuantizerRole, set_role
 from mqbench.fuser_method_mapping import Pattern
@@ -426,10 +432,10 @@ def insert_activation_quantizers(gm: fx.GraphModule) -> fx.GraphModule:
         shared = annotation.output if isinstance(annotation, Annotation) else None
         readers: list[fx.Node] | None = None
         if shared is None:
-            readers = [user for user in value.users if value.name in _inputs_of(user)]
+            readers = [user for user in value.users if value.name in annotated_inputs(user)]
             if not readers:
                 continue
-            shared = _inputs_of(readers[0])[value.name]
+            shared = annotated_inputs(readers[0])[value.name]
         if not shared.module:
             shared.module = shared.name
             quantizer = shared.factory()
@@ -448,8 +454,3 @@ def insert_activation_quantizers(gm: fx.GraphModule) -> fx.GraphModule:
             for reader in readers:
                 reader.replace_input_with(value, quantized)
     return _finish(gm)
-
-
-def _inputs_of(node: fx.Node) -> dict[str, SharedQuantizer]:
-    annotation = node.meta.get(ANNOTATION)
-    return annotation.inputs if isinstance(annotation, Annotation) else {}

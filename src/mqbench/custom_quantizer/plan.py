@@ -45,6 +45,7 @@ from mqbench.custom_quantizer.annotation import (
     Annotation,
     NodeDecision,
     SharedQuantizer,
+    annotated_inputs,
     annotation_of,
     check_widths,
     graph_annotations,
@@ -410,7 +411,7 @@ def _decide_nodes(gm: fx.GraphModule, front_end: FrontEnd, modules: Mapping[str,
             parts.append("weights")
         if annotation.inputs or any(_quantized_for_all(arg) for arg in node.all_input_nodes):
             parts.append("inputs")
-        if node.users and (_quantized_for_all(node) or all(node.name in _inputs(user) for user in node.users)):
+        if node.users and (_quantized_for_all(node) or all(node.name in annotated_inputs(user) for user in node.users)):
             parts.append("output")
         if front_end.excluded(node):
             annotation.decision = NodeDecision(node.name, name, False, EXCLUDED)
@@ -427,8 +428,3 @@ def _decide_nodes(gm: fx.GraphModule, front_end: FrontEnd, modules: Mapping[str,
 def _quantized_for_all(node: fx.Node) -> bool:
     annotation = node.meta.get(ANNOTATION)
     return isinstance(annotation, Annotation) and annotation.output is not None
-
-
-def _inputs(node: fx.Node) -> Mapping[str, SharedQuantizer]:
-    annotation = node.meta.get(ANNOTATION)
-    return annotation.inputs if isinstance(annotation, Annotation) else {}
