@@ -6,6 +6,7 @@ import importlib.util
 import inspect
 import sys
 import textwrap
+from typing import Any
 
 import pytest
 import torch
@@ -13,6 +14,7 @@ from torch import fx, nn
 
 from mqbench.fake_quantize.quantize_base import QuantizeBase
 from mqbench.prepare_by_platform import prepare_by_platform
+from mqbench.utils.state import disable_all
 from mqbench.utils.tracer import QuantizationTracer, TracingError, trace, unwrap_model
 
 
@@ -225,11 +227,22 @@ class DictModel(nn.Module):
         return {"logits": self.fc(pooled), "extras": (features, pooled.sum())}
 
 
+def _captured_by(capture: str, example: Any) -> dict[str, Any]:
+    return {"capture": "fx"} if capture == "fx" else {"capture": "export", "example_inputs": example}
+
+
+@pytest.mark.parametrize("capture", ["fx", "export"])
 @pytest.mark.parametrize("backend", ["tensorrt", "snpe", "openvino", "vitis", "tengine_u8"])
-def test_dict_inputs_and_nested_outputs(backend):
+def test_dict_inputs_and_nested_outputs(backend, capture):
+    """Prepared by either capture, the model is called as it was: with the dict (or one tensor per key)."""
     model = DictModel().eval()
     batch = {"image": torch.randn(2, 3, 4, 4), "weight": torch.rand(2, 4, 1, 1)}
-    gm = prepare_by_platform(model, backend)
+    gm = prepare_by_platform(model, backend, _captured_by(capture, (batch,)))
+    assert [n.name for n in gm.graph.nodes if n.op == "placeholder"] == ["image", "weight"]
+    disable_all(gm)
+    with torch.no_grad():
+        torch.testing.assert_close(gm(batch)["logits"], model(batch)["logits"])
+        torch.testing.assert_close(gm(batch["image"], batch["weight"])["logits"], model(batch)["logits"])
     out = gm(batch)
     assert set(out) == {"logits", "extras"}
     assert out["logits"].shape == (2, 2)
@@ -238,7 +251,8 @@ def test_dict_inputs_and_nested_outputs(backend):
     assert total.shape == ()
 
 
-def test_tuple_inputs_and_outputs():
+@pytest.mark.parametrize("capture", ["fx", "export"])
+def test_tuple_inputs_and_outputs(capture):
     class Pair(nn.Module):
         def __init__(self) -> None:
             super().__init__()
@@ -250,8 +264,11 @@ def test_tuple_inputs_and_outputs():
             return self.a(left), self.b(right) + left
 
     model = Pair().eval()
-    gm = prepare_by_platform(model, "openvino")
     x = (torch.randn(2, 3), torch.randn(2, 3))
+    gm = prepare_by_platform(model, "openvino", _captured_by(capture, (x,)))
+    disable_all(gm)
+    with torch.no_grad():
+        torch.testing.assert_close(gm(x), model(x))
     out = gm(x)
     assert isinstance(out, tuple)
     assert [o.shape for o in out] == [(2, 3), (2, 3)]

@@ -38,6 +38,7 @@ Example:
 
 from __future__ import annotations
 
+import inspect
 import operator
 import typing
 from collections.abc import Callable, Mapping, Sequence
@@ -49,7 +50,7 @@ import torch.utils._pytree as pytree
 from torch import fx, nn
 
 from mqbench.utils.hf_capture import masks_without_vmap
-from mqbench.utils.tracer import TracingError, trace
+from mqbench.utils.tracer import TracingError, dict_input, trace
 
 __all__ = [
     "CAPTURES",
@@ -277,6 +278,8 @@ _ATEN: dict[Any, Callable[[tuple[Any, ...], dict[str, Any]], Any]] = {
     aten.max_pool2d.default: _same(F.max_pool2d),
     aten.flatten.using_ints: _same(torch.flatten),
     aten.mean.dim: _same(torch.mean),
+    aten.sum.default: _same(torch.sum),
+    aten.sum.dim_IntList: _same(torch.sum),
     aten.reshape.default: _same(torch.reshape),
     aten.view.default: _same(torch.reshape),
     aten.scaled_dot_product_attention.default: _same(F.scaled_dot_product_attention),
@@ -416,9 +419,13 @@ def export_capture(
     source = program.graph
 
     calls, whole = _module_calls(source, modules, leaves, lifted)
+    user_inputs = _user_inputs(model, args, kwargs, [n for n in source.nodes if n.op == "placeholder"], lifted, graph)
 
     for node in source.nodes:
         if node.op == "placeholder":
+            if node in user_inputs:
+                env[node] = user_inputs[node]
+                continue
             if node.name in lifted:
                 target = lifted[node.name]
                 if node.name in signature.inputs_to_lifted_tensor_constants:
@@ -571,18 +578,87 @@ def _inline_wrappers(module: fx.GraphModule) -> None:
     module.recompile()
 
 
+def _user_inputs(
+    model: nn.Module,
+    args: tuple[Any, ...],
+    kwargs: Mapping[str, Any],
+    placeholders: list[fx.Node],
+    lifted: Mapping[str, str],
+    graph: fx.Graph,
+) -> dict[fx.Node, fx.Node]:
+    """The captured graph's value of each of export's input placeholders (one per tensor of the inputs), with
+    placeholders the model is called with as it was: a tensor argument is one placeholder; a dict of tensors that
+    is the last argument, one placeholder per key gathered by :func:`~mqbench.utils.tracer.dict_input` (the form
+    torch.fx captures: called with the dict, or with one tensor per key as deploy and calibration pass them); any
+    other structure (a tuple, a nested dict), one placeholder for the argument, indexed."""
+    inputs = [node for node in placeholders if node.name not in lifted]
+    leaves = pytree.tree_flatten_with_path((args, kwargs))[0]
+    if len(leaves) != len(inputs) or not all(isinstance(leaf, torch.Tensor) for _, leaf in leaves):
+        return {}  # constants among the inputs: export's flat placeholders
+    parameters = list(inspect.signature(model.forward).parameters)
+    groups: dict[Any, list[tuple[fx.Node, tuple[Any, ...]]]] = {}
+    for node, (path, _) in zip(inputs, leaves, strict=True):
+        groups.setdefault(path[:2], []).append((node, tuple(path[2:])))
+    holders: dict[Any, tuple[str, list[fx.Node]]] = {}
+    last = list(groups)[-1]
+    for top, members in groups.items():  # every placeholder first, in the order of the arguments
+        if len(members) == 1 and not members[0][1]:  # a tensor argument
+            holders[top] = ("tensor", [graph.placeholder(members[0][0].name)])
+        elif top == last and all(len(rest) == 1 and isinstance(rest[0], pytree.MappingKey) for _, rest in members):
+            keys = [str(typing.cast(pytree.MappingKey, rest[0]).key) for _, rest in members]
+            holders[top] = ("dict", [graph.placeholder(keys[0])])
+            holders[top][1].extend(graph.placeholder(key, default_value=None) for key in keys[1:])
+        else:
+            index = top[1].idx if isinstance(top[1], pytree.SequenceKey) else None
+            name = str(top[1].key) if index is None else (parameters[index] if index < len(parameters) else "arg")
+            holders[top] = ("indexed", [graph.placeholder(name)])
+    values: dict[fx.Node, fx.Node] = {}
+    for top, members in groups.items():
+        kind, found = holders[top]
+        if kind == "tensor":
+            values[members[0][0]] = found[0]
+        elif kind == "dict":
+            keys = tuple(str(typing.cast(pytree.MappingKey, rest[0]).key) for _, rest in members)
+            gathered = graph.call_function(dict_input, (keys, *found))
+            for (node, _), key in zip(members, keys, strict=True):
+                values[node] = graph.call_function(operator.getitem, (gathered, key))
+        else:
+            for node, rest in members:
+                value = found[0]
+                for step in rest:
+                    index = step.idx if isinstance(step, pytree.SequenceKey) else step.key
+                    value = graph.call_function(operator.getitem, (value, index))
+                values[node] = value
+    for node, value in values.items():
+        value.meta["val"] = node.meta.get("val")  # its dtype: placement skips integer inputs
+    return values
+
+
 def _structured(flat: list[Any], spec: Any, graph: fx.Graph, root: nn.Module) -> Any:
     """The output node's argument: the flat outputs in the structure the model returns (a structure other than
     a tuple, list or dict of outputs, such as a Hugging Face ``ModelOutput``, rebuilt from export's spec)."""
     structure = pytree.tree_unflatten(list(range(len(flat))), spec)
-    if isinstance(structure, int):
-        return flat[structure]
-    if type(structure) in (tuple, list) and all(isinstance(i, int) for i in structure):
-        return type(structure)(flat[i] for i in structure)
-    if type(structure) is dict and all(isinstance(i, int) for i in structure.values()):
-        return {key: flat[i] for key, i in structure.items()}
+    if _plain(structure):  # tuples, lists and dicts of outputs, nested as the model nests them
+
+        def rebuilt(part: Any) -> Any:
+            if isinstance(part, int):
+                return flat[part]
+            if type(part) is dict:
+                return {key: rebuilt(value) for key, value in part.items()}
+            return type(part)(rebuilt(value) for value in part)
+
+        return rebuilt(structure)
     root._export_output_spec = spec  # type: ignore[assignment]
     return graph.call_function(pytree.tree_unflatten, (list(flat), graph.get_attr("_export_output_spec")))
+
+
+def _plain(structure: Any) -> bool:
+    """Whether ``structure`` is an output index, or a tuple, list or dict (of these types exactly) of plain ones."""
+    if isinstance(structure, int):
+        return True
+    if type(structure) is dict:
+        return all(_plain(value) for value in structure.values())
+    return type(structure) in (tuple, list) and all(_plain(value) for value in structure)
 
 
 def _check(model: nn.Module, captured: fx.GraphModule, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> None:
