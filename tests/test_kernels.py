@@ -1,5 +1,8 @@
 """The fused CPU kernels and the PyTorch fallback both equal the reference arithmetic."""
 
+import os
+import time
+
 import numpy as np
 import pytest
 import torch
@@ -228,3 +231,18 @@ def test_folded_learnable_forward_and_gradients(path, per_channel):
     for name, value in got.items():
         bound = 1e-4 * float(reference[name].abs().max())
         torch.testing.assert_close(value.double(), reference[name], rtol=1e-4, atol=bound)
+
+
+def test_a_build_lock_left_by_a_killed_build_is_removed_and_a_fresh_one_is_waited_for(tmp_path):
+    """PyTorch's builder waits for its lock without a limit: one left by a process killed while building (older
+    than any build takes) is removed with a warning; one a process holds now is left alone."""
+    lock = tmp_path / "lock"
+    lock.touch()
+    assert not kernels.clear_stale_lock(tmp_path)  # a build in progress
+    assert lock.exists()
+    old = time.time() - kernels.STALE_LOCK_SECONDS - 60
+    os.utime(lock, (old, old))
+    with pytest.warns(RuntimeWarning, match="removed the kernel build lock"):
+        assert kernels.clear_stale_lock(tmp_path)
+    assert not lock.exists()
+    assert not kernels.clear_stale_lock(tmp_path)  # no lock: nothing to do

@@ -15,13 +15,14 @@ import hashlib
 import os
 import platform
 import sys
+import time
 import warnings
 from pathlib import Path
 from types import ModuleType
 
 import torch
 
-__all__ = ["load", "module", "usable"]
+__all__ = ["clear_stale_lock", "load", "module", "usable"]
 
 _SOURCE = Path(__file__).with_name("fake_quant.cpp")
 
@@ -36,6 +37,7 @@ def load() -> ModuleType | None:
 
         directory = _build_directory()
         directory.mkdir(parents=True, exist_ok=True)
+        clear_stale_lock(directory)
         return build(
             name="mqbench_fake_quant",
             sources=[str(_SOURCE)],
@@ -52,6 +54,33 @@ def load() -> ModuleType | None:
             stacklevel=2,
         )
         return None
+
+
+STALE_LOCK_SECONDS = 600  # a build takes about a minute; a lock this old was left by a process that died
+
+
+def clear_stale_lock(directory: Path, stale_after: float = STALE_LOCK_SECONDS) -> bool:
+    """Remove the build lock a process left when it was killed while building (True if so, with a warning).
+
+    PyTorch's extension builder waits for the lock's owner to finish, without a limit: a lock nobody holds any
+    more (older than ``stale_after`` seconds) would make every later first use of the kernels wait forever. A
+    younger one is another process building now, and is waited for.
+    """
+    lock = directory / "lock"
+    try:
+        age = time.time() - lock.stat().st_mtime
+    except FileNotFoundError:
+        return False
+    if age < stale_after:
+        return False
+    lock.unlink(missing_ok=True)
+    warnings.warn(
+        f"mqbench: removed the kernel build lock {lock}, left {age / 60:.0f} minutes ago by a build that did not "
+        "finish (a killed process); building again",
+        RuntimeWarning,
+        stacklevel=3,
+    )
+    return True
 
 
 def _build_directory() -> Path:
