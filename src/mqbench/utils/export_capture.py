@@ -618,9 +618,9 @@ def _user_inputs(
         if kind == "tensor":
             values[members[0][0]] = found[0]
         elif kind == "dict":
-            keys = tuple(str(typing.cast(pytree.MappingKey, rest[0]).key) for _, rest in members)
-            gathered = graph.call_function(dict_input, (keys, *found))
-            for (node, _), key in zip(members, keys, strict=True):
+            names = tuple(str(typing.cast(pytree.MappingKey, rest[0]).key) for _, rest in members)
+            gathered = graph.call_function(dict_input, (names, *found))
+            for (node, _), key in zip(members, names, strict=True):
                 values[node] = graph.call_function(operator.getitem, (gathered, key))
         else:
             for node, rest in members:
