@@ -29,16 +29,29 @@ import torch.utils._pytree as pytree
 from torch import Tensor, fx, nn
 from torch.fx.graph_module import _USER_PRESERVED_ATTRIBUTES_KEY
 
-from mqbench.backends.registry import BackendType, resolve_backend
-from mqbench.custom_quantizer.model_quantizer import ModelQuantizer
-from mqbench.custom_quantizer.qconfig import resolve_qconfig
+from mqbench.backends.registry import BackendType, ParamsTable, resolve_backend
+from mqbench.custom_quantizer.model_quantizer import build_model_quantizer
+from mqbench.custom_quantizer.qconfig import QConfigPair, resolve_qconfig
+from mqbench.fake_quantize import FakeQuantizeDict
 from mqbench.nn.intrinsic.qat import freeze_bn_stats
+from mqbench.observer import ObserverDict
 from mqbench.utils.config import check_keys
 from mqbench.utils.export_capture import CAPTURE_ATTRIBUTE, CAPTURES, DYNAMIC_AXES, export_capture, trace_or_export
 from mqbench.utils.hf_capture import linear_layers
-from mqbench.utils.tracer import TracingError, check_model, trace, unwrap_model
+from mqbench.utils.tracer import QuantizationTracer, TracingError, check_model, trace, unwrap_model
 
-__all__ = ["BACKEND_ATTRIBUTE", "CAPTURE_ATTRIBUTE", "CONFIG_KEYS", "BackendType", "prepare_by_platform"]
+__all__ = [
+    "BACKEND_ATTRIBUTE",
+    "CAPTURE_ATTRIBUTE",
+    "CONFIG_KEYS",
+    "BackendType",
+    "CustomedTracer",
+    "FakeQuantizeDict",
+    "ObserverDict",
+    "ParamsTable",
+    "get_qconfig_by_platform",
+    "prepare_by_platform",
+]
 
 CONFIG_KEYS = (
     "extra_qconfig_dict",
@@ -56,6 +69,22 @@ CONFIG_KEYS = (
 
 # The prepared GraphModule's attribute naming the backend it was prepared for (a str, not state).
 BACKEND_ATTRIBUTE = "mqbench_backend"
+
+
+class CustomedTracer(QuantizationTracer):
+    """MQBench's tracer name: ``CustomedTracer(customed_leaf_module=[...])`` keeps those module types whole."""
+
+    def __init__(self, *args: Any, customed_leaf_module: Any = None, **kwargs: Any) -> None:
+        super().__init__(tuple(customed_leaf_module or ()), *args, **kwargs)
+
+
+def get_qconfig_by_platform(deploy_backend: Any, extra_qparams: dict[str, Any] | None = None) -> QConfigPair:
+    """The weight and activation quantizer factories of ``deploy_backend`` with ``extra_qparams`` applied.
+
+    MQBench's function: ``extra_qparams`` is an ``extra_qconfig_dict`` (``w_qscheme``, ``a_observer``,
+    ...). The result's ``weight`` and ``activation`` build the fake quantizers (``qconfig.weight()``).
+    """
+    return resolve_qconfig(resolve_backend(deploy_backend), extra_qparams)
 
 
 def _keep_attribute(prepared: fx.GraphModule, name: str, value: Any) -> None:
@@ -245,8 +274,7 @@ def prepare_by_platform(
     if is_qat is None:
         is_qat = training
     leaf_modules = tuple(config.get("leaf_module", ()))
-    quantizer_class = spec.model_quantizer or ModelQuantizer
-    quantizer = quantizer_class(spec, config.get("extra_quantizer_dict"), config.get("extra_fuse_dict"))
+    quantizer = build_model_quantizer(spec, config.get("extra_quantizer_dict"), config.get("extra_fuse_dict"))
     if "quantizer_bits" in config:  # part of the plan: each named quantizer is built at its width
         quantizer.quantizer_bits = config["quantizer_bits"]
     with _garbage_collection_paused():  # graph passes allocate many small objects; collect once afterwards

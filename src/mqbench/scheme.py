@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["MAX_BITS", "MIN_BITS", "QuantScheme"]
+__all__ = ["MAX_BITS", "MIN_BITS", "QuantScheme", "QuantizeScheme"]
 
 MIN_BITS = 2
 MAX_BITS = 16
@@ -98,6 +98,10 @@ class QuantScheme:
             "pot_scale": self.pot_scale,
         }
 
+    def to_observer_params(self) -> dict[str, Any]:
+        """MQBench's name for :meth:`observer_kwargs` (with ``reduce_range=False``, as MQBench's includes)."""
+        return {**self.observer_kwargs(), "reduce_range": False}
+
     @staticmethod
     def _fields_of(values: Mapping[str, Any]) -> dict[str, Any]:
         aliases = {"bit": "bits", "symmetry": "symmetric"}
@@ -135,3 +139,21 @@ class QuantScheme:
             changes.setdefault("symmetric_range", False)
             changes.setdefault("unsigned", False)
         return replace(self, **changes)
+
+
+def QuantizeScheme(
+    symmetry: bool = True, per_channel: bool = False, pot_scale: bool = False, bit: int = 8, **kwargs: Any
+) -> QuantScheme:
+    """MQBench's ``QuantizeScheme(symmetry, per_channel, pot_scale, bit, **kwargs)`` as a :class:`QuantScheme`.
+
+    ``kwargs`` may hold the other scheme fields (``symmetric_range``, ``ch_axis``, ``unsigned``);
+    ``factory_kwargs`` is accepted and ignored (MQBench passes observer options through it).
+
+    Example:
+        >>> QuantizeScheme(symmetry=False, bit=4).to_observer_params()["quant_max"]
+        15
+    """
+    kwargs.pop("factory_kwargs", None)
+    return QuantScheme.from_dict(
+        {"symmetry": symmetry, "per_channel": per_channel, "pot_scale": pot_scale, "bit": bit, **kwargs}
+    )

@@ -1,5 +1,6 @@
 """prepare_by_platform options: is_qat, freeze_bn, extra_fuse_dict."""
 
+import pytest
 import torch
 from torch import nn
 
@@ -49,14 +50,19 @@ class QATLinearTanh(nnqat.Linear):
         return torch.tanh(super().forward(x))
 
 
-def test_extra_fuse_dict_adds_a_pattern_and_its_qat_module():
+def _fuse_linear_tanh(linear, tanh):  # MQBench's documented form: one argument per op, no is_qat
+    return LinearTanh(linear, tanh)
+
+
+@pytest.mark.parametrize(
+    "fuser", [lambda is_qat, linear, tanh: LinearTanh(linear, tanh), _fuse_linear_tanh], ids=["is_qat", "two_args"]
+)
+def test_extra_fuse_dict_adds_a_pattern_and_its_qat_module(fuser):
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(6, 5), nn.Tanh(), nn.Linear(5, 2)).eval()
     config = {
         "extra_fuse_dict": {
-            "additional_fuser_method_mapping": {
-                (nn.Linear, nn.Tanh): lambda is_qat, linear, tanh: LinearTanh(linear, tanh)
-            },
+            "additional_fuser_method_mapping": {(nn.Linear, nn.Tanh): fuser},
             "additional_qat_module_mapping": {LinearTanh: QATLinearTanh},
         }
     }

@@ -8,8 +8,9 @@ extension points) and are attached to a backend with :func:`register_model_quant
 
 from __future__ import annotations
 
+import inspect
 import operator
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from dataclasses import replace
 from typing import Any
 
@@ -17,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
-from mqbench.backends.registry import ParamsTable, resolve_backend
+from mqbench.backends.registry import ParamsTable, backend_key, pending_model_quantizers
 from mqbench.backends.spec import BackendSpec
 from mqbench.custom_quantizer.ops import FUNCTION_KINDS, METHOD_KINDS, MODULE_KINDS, edge_layers, node_kind
 from mqbench.custom_quantizer.placement import ActivationSite, Rules
@@ -28,7 +29,14 @@ from mqbench.nn.intrinsic.modules.fused import FusedModule
 from mqbench.utils.config import check_keys
 from mqbench.utils.factory import Factory
 
-__all__ = ["ModelQuantizer", "activation_variant", "register_model_quantizer"]
+__all__ = [
+    "DEFAULT_MODEL_QUANTIZER",
+    "ModelQuantizer",
+    "activation_variant",
+    "build_model_quantizer",
+    "register_model_quantizer",
+    "with_is_qat",
+]
 
 QUANTIZER_KEYS = (
     "additional_function_type",
@@ -57,17 +65,94 @@ class ModelQuantizer:
     # (prepare_custom_config_dict["quantizer_bits"]; prepare_by_platform sets it)
     quantizer_bits: Mapping[str, int] = {}
 
+    # The backend whose spec a quantizer built MQBench's way (without a spec) follows; None: the one
+    # prepare_by_platform is preparing for (it sets ``spec`` after building the quantizer).
+    backend: str | None = None
+
     def __init__(
         self,
-        spec: BackendSpec,
+        spec: BackendSpec | Mapping[str, Any] | None = None,
         extra_quantizer_dict: Mapping[str, Any] | None = None,
         extra_fuse_dict: Mapping[str, Any] | None = None,
     ) -> None:
-        self.spec = spec
+        if not isinstance(spec, BackendSpec):  # MQBench's form: ModelQuantizer(extra_quantizer_dict, extra_fuse_dict)
+            if extra_fuse_dict is not None:
+                raise TypeError(
+                    "ModelQuantizer takes (spec, extra_quantizer_dict, extra_fuse_dict) or MQBench's "
+                    f"(extra_quantizer_dict, extra_fuse_dict); got a {type(spec).__name__} first and three arguments"
+                )
+            spec, extra_quantizer_dict, extra_fuse_dict = None, spec, extra_quantizer_dict
+        self._spec = (
+            self._with_rules(spec) if spec is not None else (ParamsTable[self.backend] if self.backend else None)
+        )
         self.extra_quantizer_dict = dict(extra_quantizer_dict or {})
         self.extra_fuse_dict = dict(extra_fuse_dict or {})
         check_keys(self.extra_quantizer_dict, QUANTIZER_KEYS, "extra_quantizer_dict")
+        if "additional_qat_module_mappings" in self.extra_fuse_dict:  # MQBench's fuse_custom_config_dict spelling
+            plural = self.extra_fuse_dict.pop("additional_qat_module_mappings")
+            self.extra_fuse_dict["additional_qat_module_mapping"] = {
+                **plural,
+                **self.extra_fuse_dict.get("additional_qat_module_mapping", {}),
+            }
         check_keys(self.extra_fuse_dict, FUSE_KEYS, "extra_fuse_dict")
+
+    @property
+    def spec(self) -> BackendSpec:
+        """The backend spec this quantizer follows."""
+        if self._spec is None:
+            raise ValueError(
+                f"{type(self).__name__} has no backend yet: prepare_by_platform sets it, or build it with a "
+                "BackendSpec first (ModelQuantizer(ParamsTable['tensorrt'], ...))"
+            )
+        return self._spec
+
+    @spec.setter
+    def spec(self, value: BackendSpec) -> None:
+        self._spec = self._with_rules(value)
+
+    def _with_rules(self, spec: BackendSpec) -> BackendSpec:
+        """``spec`` with the placement rules of this class's ``backend`` (MQBench's per-backend quantizers carry
+        their backend's rules to whichever backend they are registered for)."""
+        if self.backend is None or spec.name == self.backend:
+            return spec
+        return replace(spec, placement=ParamsTable[self.backend].placement)
+
+    # MQBench's attribute names for the entries of extra_quantizer_dict / extra_fuse_dict
+    @property
+    def additional_function_type(self) -> list[Any]:
+        return list(self.extra_quantizer_dict.get("additional_function_type", []))
+
+    @property
+    def additional_module_type(self) -> tuple[type, ...]:
+        return tuple(self.extra_quantizer_dict.get("additional_module_type", ()))
+
+    @property
+    def additional_node_name(self) -> list[str]:
+        return list(self.extra_quantizer_dict.get("additional_node_name", []))
+
+    @property
+    def exclude_module_name(self) -> list[str]:
+        return list(self.extra_quantizer_dict.get("exclude_module_name", []))
+
+    @property
+    def exclude_function_type(self) -> list[Any]:
+        return list(self.extra_quantizer_dict.get("exclude_function_type", []))
+
+    @property
+    def exclude_node_name(self) -> list[str]:
+        return list(self.extra_quantizer_dict.get("exclude_node_name", []))
+
+    @property
+    def additional_fuser_method_mapping(self) -> dict[Any, Any]:
+        return dict(self.extra_fuse_dict.get("additional_fuser_method_mapping", {}))
+
+    @property
+    def additional_fusion_pattern(self) -> dict[Any, Any]:
+        return dict(self.extra_fuse_dict.get("additional_fusion_pattern", {}))
+
+    @property
+    def additional_qat_module_mapping(self) -> dict[type, type]:
+        return dict(self.extra_fuse_dict.get("additional_qat_module_mapping", {}))
 
     # -- MQBench's extension points -----------------------------------------------------------
     @property
@@ -96,8 +181,8 @@ class ModelQuantizer:
 
     def _fuser_methods(self) -> dict[Any, Callable[..., nn.Module]]:
         methods = dict(FUSER_METHODS)
-        methods.update(self.extra_fuse_dict.get("additional_fuser_method_mapping", {}))
-        methods.update(self.extra_fuse_dict.get("additional_fusion_pattern", {}))
+        for key in ("additional_fuser_method_mapping", "additional_fusion_pattern"):
+            methods.update({p: with_is_qat(p, f) for p, f in self.extra_fuse_dict.get(key, {}).items()})
         return methods
 
     def _qat_mapping(self) -> dict[type, type]:
@@ -231,14 +316,97 @@ def _signed_eight_bit(factory: Factory) -> bool:
     return low is not None and high is not None and low < 0 and high - low + 1 in (255, 256)
 
 
+def with_is_qat(pattern: Any, fuser: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
+    """``fuser`` called as ``fuser(is_qat, *modules)`` (PyTorch's signature, used here).
+
+    A fuser written without ``is_qat`` (``fuser(conv, bn)``, MQBench's older form: one parameter
+    per op of the pattern) is wrapped so that it gets the modules alone.
+    """
+    try:
+        parameters = list(inspect.signature(fuser).parameters.values())
+    except (TypeError, ValueError):
+        return fuser
+    if any(p.kind is p.VAR_POSITIONAL for p in parameters) or (parameters and parameters[0].name == "is_qat"):
+        return fuser
+    positional = [p for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    ops = len(pattern) if isinstance(pattern, tuple) else 1
+    if len(positional) != ops:
+        return fuser
+
+    def fuse(is_qat: bool, *modules: nn.Module) -> nn.Module:
+        return fuser(*modules)
+
+    return fuse
+
+
 def register_model_quantizer(backend: Any) -> Callable[[type[ModelQuantizer]], type[ModelQuantizer]]:
-    """Class decorator: use this ModelQuantizer subclass for ``backend`` (a name or BackendType)."""
+    """Class decorator: use this ModelQuantizer subclass for ``backend`` (a name or BackendType).
+
+    As in MQBench, the backend need not be registered yet: the class is kept and applies when a
+    backend of that name is (``ParamsTable[...] = ...`` or ``register_backend``).
+    """
 
     def register(cls: type[ModelQuantizer]) -> type[ModelQuantizer]:
         if not (isinstance(cls, type) and issubclass(cls, ModelQuantizer)):
             raise ValueError(f"register_model_quantizer expects a ModelQuantizer subclass, got {cls!r}")
-        spec = resolve_backend(backend)
-        ParamsTable.register(spec.name, replace(spec, model_quantizer=cls), replace=True)
+        key = backend_key(backend)
+        pending_model_quantizers[key] = cls
+        if key in ParamsTable:
+            spec = ParamsTable[key]
+            ParamsTable.register(spec.name, replace(spec, model_quantizer=cls), replace=True)
         return cls
 
     return register
+
+
+def build_model_quantizer(
+    spec: BackendSpec, extra_quantizer_dict: Mapping[str, Any] | None, extra_fuse_dict: Mapping[str, Any] | None
+) -> ModelQuantizer:
+    """The backend's ModelQuantizer, built with this package's signature or MQBench's two-argument one."""
+    cls: type[ModelQuantizer] = spec.model_quantizer or pending_model_quantizers.get(spec.name) or ModelQuantizer
+    try:
+        parameters = [
+            p
+            for p in list(inspect.signature(cls.__init__).parameters.values())[1:]
+            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+        ]
+    except (TypeError, ValueError):
+        parameters = []
+    if parameters and parameters[0].name != "spec" and len(parameters) == 2:  # MQBench's (extra_q..., extra_fuse...)
+        quantizer = cls(extra_quantizer_dict, extra_fuse_dict)  # type: ignore[arg-type]
+        quantizer.spec = spec
+        return quantizer
+    return cls(spec, extra_quantizer_dict, extra_fuse_dict)
+
+
+class _ModelQuantizers(MutableMapping[Any, type]):
+    """MQBench's ``DEFAULT_MODEL_QUANTIZER``: backend -> the ModelQuantizer class prepare builds for it.
+
+    A live view of the registered backends (their spec's ``model_quantizer``, else the rule-driven
+    ``ModelQuantizer``) and of classes registered for names not registered yet; assigning a class
+    is :func:`register_model_quantizer`.
+    """
+
+    def __getitem__(self, backend: Any) -> type:
+        key = backend_key(backend)
+        if key in ParamsTable:
+            return ParamsTable[key].model_quantizer or pending_model_quantizers.get(key) or ModelQuantizer
+        return pending_model_quantizers[key]
+
+    def __setitem__(self, backend: Any, cls: type) -> None:
+        register_model_quantizer(backend)(cls)
+
+    def __delitem__(self, backend: Any) -> None:
+        key = backend_key(backend)
+        pending_model_quantizers.pop(key, None)
+        if key in ParamsTable and ParamsTable[key].model_quantizer is not None:
+            ParamsTable.register(key, replace(ParamsTable[key], model_quantizer=None), replace=True)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(dict.fromkeys([*ParamsTable, *pending_model_quantizers]))
+
+    def __len__(self) -> int:
+        return len(dict.fromkeys([*ParamsTable, *pending_model_quantizers]))
+
+
+DEFAULT_MODEL_QUANTIZER = _ModelQuantizers()

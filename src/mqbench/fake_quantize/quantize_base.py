@@ -171,8 +171,18 @@ class QuantizeBase(nn.Module):
         raise NotImplementedError
 
     def export_qparams(self) -> tuple[Tensor, Tensor]:
-        """The fixed (scale, integer zero point) this quantizer is equivalent to."""
-        raise NotImplementedError
+        """The fixed (scale, integer zero point) this quantizer is equivalent to.
+
+        Default: its ``scale`` and rounded ``zero_point`` attributes, where a subclass holds them
+        (MQBench's quantizers do, and compute their forward from them).
+        """
+        scale, zero_point = getattr(self, "scale", None), getattr(self, "zero_point", None)
+        if isinstance(scale, Tensor) and isinstance(zero_point, Tensor):
+            return scale.detach(), torch.round(zero_point.detach()).to(torch.int32)
+        raise NotImplementedError(
+            f"{type(self).__name__} has no scale and zero_point tensors: implement export_qparams() to say which "
+            "fixed (scale, zero_point) it is equivalent to when deployed"
+        )
 
     def export_forward(self, x: Tensor) -> Tensor:
         scale, zero_point = self.export_qparams()

@@ -53,6 +53,11 @@ def default_quant_range(dtype: torch.dtype, reduce_range: bool) -> tuple[int, in
     )
 
 
+def _count_own_forward(observer: ObserverBase, args: Any, output: Any) -> None:
+    if observer.num_batches == 0 and args and isinstance(args[0], Tensor) and args[0].numel():
+        observer.num_batches += 1
+
+
 class ObserverBase(nn.Module):
     """Base class of all observers (MQBench's signature, plus PyTorch's ``eps``).
 
@@ -113,6 +118,9 @@ class ObserverBase(nn.Module):
         self.register_buffer("min_val", torch.tensor(float("inf")))
         self.register_buffer("max_val", torch.tensor(float("-inf")))
         self.register_buffer("num_batches", torch.tensor(0, dtype=torch.int64))
+        if type(self).forward is not ObserverBase.forward:
+            # a subclass recording in its own forward (MQBench's way): its calls still count as calibration
+            self.register_forward_hook(_count_own_forward)
 
     @classmethod
     def with_args(cls, **kwargs: Any) -> Factory:

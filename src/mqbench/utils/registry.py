@@ -17,6 +17,28 @@ from typing import Any, Generic, TypeVar
 
 __all__ = ["Registry"]
 
+# MQBench's registries and decorators, kept where they are implemented and read from here on first use (so
+# that this module, which everything imports, imports nothing of the package): BACKEND_DEPLOY_FUNCTION,
+# register_deploy_function, DEFAULT_MODEL_QUANTIZER, register_model_quantizer, FUSED_MODULE_CONVERT_FUNCTION,
+# register_convert_function.
+_ELSEWHERE = {
+    "BACKEND_DEPLOY_FUNCTION": "mqbench.convert_deploy",
+    "register_deploy_function": "mqbench.convert_deploy",
+    "register_model_quantizer": "mqbench.custom_quantizer.model_quantizer",
+    "DEFAULT_MODEL_QUANTIZER": "mqbench.custom_quantizer.model_quantizer",
+    "FUSED_MODULE_CONVERT_FUNCTION": "mqbench.fusion_method",
+    "register_convert_function": "mqbench.fusion_method",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _ELSEWHERE:
+        import importlib
+
+        return getattr(importlib.import_module(_ELSEWHERE[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 T = TypeVar("T")
 
 
@@ -66,6 +88,13 @@ class Registry(Mapping[str, T], Generic[T]):
             raise ValueError(f"{self._kind} name {key!r} is already registered to {existing!r}; pass replace=True")
         self._entries[key] = value
         return value
+
+    def __setitem__(self, name: Any, value: T) -> None:
+        """``registry[name] = value``, as MQBench's dicts are extended: registers it, replacing a user entry."""
+        key = self._key(name)
+        if key in self._builtin and self._entries.get(key) is not value:
+            raise ValueError(f"{key!r} is a built-in {self._kind}; register yours under another name")
+        self._add(name, value, True)
 
     def register(self, cls: T, name: str | None = None, replace: bool = False) -> T:
         """Add ``cls`` under ``name`` (default: its class name) and return it.
