@@ -41,15 +41,21 @@ import torch
 from onnx import numpy_helper
 from torch import Tensor, nn
 
-from mqbench.backends import BackendSpec, resolve_backend
+from mqbench.backends import BackendSpec, ParamsTable, resolve_backend
 from mqbench.custom_quantizer.passes import set_submodule
 from mqbench.custom_quantizer.plan import plan_of
 from mqbench.deploy.context import DeployContext, DeployResult, DeployStep
 from mqbench.deploy.cpu_check import cpu_warning
-from mqbench.deploy.freeze import freeze_quantizers, merge_bn
+from mqbench.deploy.freeze import freeze_quantizers, merge_bn, merge_bn_in_place
 from mqbench.deploy.functions import DeployFunctionRegistry, deploy_functions, register_deploy_function
 from mqbench.deploy.onnx_graph import save_model
 from mqbench.deploy.qdq import insert_qdq
+from mqbench.deploy.stepwise import (
+    BACKEND_DEPLOY_FUNCTION,
+    forget_export,
+    remember_export,
+    remove_fakequantize_and_collect_params,
+)
 from mqbench.deploy.strip import export_marked, strip_quantizers
 from mqbench.deploy.writers import WRITERS
 from mqbench.fake_quantize.quantize_base import QuantizeBase
@@ -60,6 +66,7 @@ from mqbench.utils.host import host_facts
 from mqbench.utils.state import integer_quantizers
 
 __all__ = [
+    "BACKEND_DEPLOY_FUNCTION",
     "DeployContext",
     "DeployFunctionRegistry",
     "DeployResult",
@@ -67,12 +74,34 @@ __all__ = [
     "convert_deploy",
     "convert_merge_bn",
     "convert_onnx",
+    "convert_onnx_qlinear",
     "deploy_functions",
+    "deploy_qparams_nnie",
+    "deploy_qparams_openvino",
+    "deploy_qparams_ppl_cuda",
+    "deploy_qparams_pplw8a16",
+    "deploy_qparams_snpe",
+    "deploy_qparams_stpu",
+    "deploy_qparams_tengine",
+    "deploy_qparams_tensorrt",
+    "deploy_qparams_tvm",
+    "deploy_qparams_vitis",
+    "deployable_copy",
     "register_deploy_function",
 ]
 
 
-def convert_merge_bn(model: nn.Module) -> nn.Module:
+def convert_merge_bn(model: nn.Module, **kwargs: Any) -> nn.Module:
+    """Merge every folded BatchNorm of ``model`` into its conv / deconv / linear, in place, as MQBench does.
+
+    The model is put in eval mode; its fake quantizers stay as they are (it still simulates, and
+    can be deployed). Returns ``model``. ``kwargs`` (what ``convert_deploy`` passes to the steps
+    registered MQBench's way) are ignored. :func:`deployable_copy` leaves the model unchanged.
+    """
+    return merge_bn_in_place(model)
+
+
+def deployable_copy(model: nn.Module) -> nn.Module:
     """A deployable copy of ``model``: eval mode, BN merged, quantizers frozen, weights clipped."""
     return freeze_quantizers(merge_bn(model))
 
@@ -147,13 +176,37 @@ def _example_inputs(
     return tuple(args_list), list(input_shape_dict)
 
 
+# What convert_deploy passes every deploy function registered MQBench's way (besides the model);
+# convert_onnx, called as such a function, takes and ignores those it does not use.
+STEP_KWARGS = ("output_path", "model_name", "deploy_to_qlinear")
+
+
 def convert_onnx(
     model: nn.Module,
     input_shape_dict: Mapping[str, Sequence[int]] | None = None,
     dummy_input: Any = None,
+    onnx_model_path: str | Path | None = None,
     **extra_kwargs: Any,
 ) -> tuple[onnx.ModelProto, QParamTable, list[str], list[str]]:
-    """Export a merged, frozen model and strip it: (float model, table, input names, output names)."""
+    """Export a merged, frozen model and strip it: (float model, table, input names, output names).
+
+    With ``onnx_model_path`` (MQBench's deploy step), ``model`` may still hold its fake quantizers
+    (after :func:`convert_merge_bn`): they are frozen on a copy, and the Q/DQ model is written to
+    ``onnx_model_path``, where ``mqbench.deploy.remove_fakequantize_and_collect_params`` reads it.
+    """
+    for key in STEP_KWARGS:
+        extra_kwargs.pop(key, None)
+    if onnx_model_path is not None:
+        frozen = model
+        if any(isinstance(m, QuantizeBase) for m in model.modules()):
+            frozen = freeze_quantizers(merge_bn(model))
+        float_model, table, input_names, output_names = convert_onnx(
+            frozen, input_shape_dict, dummy_input, **extra_kwargs
+        )
+        qdq_model, _ = insert_qdq(float_model, table)
+        save_model(qdq_model, onnx_model_path)
+        remember_export(onnx_model_path, float_model, qdq_model, table, input_names, output_names)
+        return float_model, table, input_names, output_names
     args, names = _example_inputs(input_shape_dict, dummy_input, model)
     user_names = extra_kwargs.pop("input_names", None)
     if user_names is not None:
@@ -368,6 +421,17 @@ def _deploy(
         for key, step in extra_steps.items():
             if key not in written or key in ("onnx", "deploy_onnx"):
                 written[key] = str(step(context))
+        steps = [f for f in BACKEND_DEPLOY_FUNCTION.get(spec.name, []) if f not in _pipeline_steps(spec)]
+        if steps:
+            kwargs = {
+                "input_shape_dict": input_shape_dict,
+                "dummy_input": dummy_input,
+                "output_path": str(scratch),
+                "model_name": model_name,
+                "deploy_to_qlinear": deploy_to_qlinear,
+                **extra_kwargs,
+            }
+            written.update(_run_mqbench_steps(steps, merge_bn(model), context, written, kwargs))
         artifacts = {}
         for key, path in written.items():
             source = Path(path)
@@ -383,6 +447,100 @@ def _deploy(
         shutil.rmtree(scratch, ignore_errors=True)
     _warn_if_this_cpu_differs(spec, artifacts, table, float_model, qlinear_weight_type)
     return DeployResult(spec.name, model_name, artifacts, table, input_names, output_names, dequantized, spec=spec)
+
+
+def _files(folder: Path) -> dict[Path, int]:
+    return {p: p.stat().st_mtime_ns for p in folder.rglob("*") if p.is_file()}
+
+
+def _run_mqbench_steps(
+    steps: Sequence[Any], model: nn.Module, context: DeployContext, written: Mapping[str, str], kwargs: dict[str, Any]
+) -> dict[str, str]:
+    """Call deploy functions registered MQBench's way; the files they write or rewrite, by artifact key."""
+    onnx_path = context.path(".onnx")
+    remember_export(
+        onnx_path,
+        context.float_model,
+        context.qdq_model,
+        context.table,
+        context.input_names,
+        context.output_names,
+    )
+    before = _files(context.folder)
+    try:
+        for step in steps:
+            step(model, onnx_model_path=str(onnx_path), **kwargs)
+    finally:
+        forget_export(onnx_path)
+    known = {Path(path): key for key, path in written.items()}
+    added: dict[str, str] = {}
+    for path, stamp in sorted(_files(context.folder).items()):
+        if path in known or before.get(path) == stamp:
+            continue
+        name = path.relative_to(context.folder).as_posix()
+        stem = name[len(context.model_name) :] if name.startswith(context.model_name) else name
+        key = stem.lstrip("_").split(".")[0] or name
+        while key in written or key in added:
+            key = f"{key}_"
+        added[key] = str(path)
+    return added
+
+
+def _pipeline_steps(spec: BackendSpec) -> set[Any]:
+    """The functions MQBench registers for every backend that this pipeline carries out itself."""
+    own = _DEPLOY_QPARAMS.get(spec.name)
+    return {convert_merge_bn, convert_onnx, convert_onnx_qlinear, *(() if own is None else (own,))}
+
+
+def _deploy_qparams(backend: str, name: str) -> Any:
+    def deploy_qparams(model: nn.Module, onnx_model_path: str, model_name: str, **kwargs: Any) -> list[str]:
+        return remove_fakequantize_and_collect_params(onnx_model_path, model_name, backend)
+
+    deploy_qparams.__name__ = deploy_qparams.__qualname__ = name
+    deploy_qparams.__doc__ = (
+        f"MQBench's deploy step for {backend!r}: its parameter files beside ``onnx_model_path`` "
+        "(see :func:`mqbench.deploy.stepwise.remove_fakequantize_and_collect_params`)."
+    )
+    return deploy_qparams
+
+
+def convert_onnx_qlinear(model: nn.Module, onnx_model_path: str, model_name: str, **kwargs: Any) -> str | None:
+    """MQBench's step: with ``deploy_to_qlinear=True``, the QLinear ONNX model beside ``onnx_model_path``."""
+    if not kwargs.get("deploy_to_qlinear"):
+        return None
+    written = remove_fakequantize_and_collect_params(onnx_model_path, model_name, "onnx_qnn")
+    return next(path for path in written if path.endswith(".onnx") and "_deploy_model" not in path)
+
+
+deploy_qparams_tensorrt = _deploy_qparams("tensorrt", "deploy_qparams_tensorrt")
+deploy_qparams_snpe = _deploy_qparams("snpe", "deploy_qparams_snpe")
+deploy_qparams_pplw8a16 = _deploy_qparams("pplw8a16", "deploy_qparams_pplw8a16")
+deploy_qparams_ppl_cuda = _deploy_qparams("pplcuda", "deploy_qparams_ppl_cuda")
+deploy_qparams_vitis = _deploy_qparams("vitis", "deploy_qparams_vitis")
+deploy_qparams_nnie = _deploy_qparams("nnie", "deploy_qparams_nnie")
+deploy_qparams_openvino = _deploy_qparams("openvino", "deploy_qparams_openvino")
+deploy_qparams_tengine = _deploy_qparams("tengine_u8", "deploy_qparams_tengine")
+deploy_qparams_tvm = _deploy_qparams("onnx_qnn", "deploy_qparams_tvm")
+deploy_qparams_stpu = _deploy_qparams("stpu", "deploy_qparams_stpu")
+_DEPLOY_QPARAMS = {
+    "tensorrt": deploy_qparams_tensorrt,
+    "snpe": deploy_qparams_snpe,
+    "pplw8a16": deploy_qparams_pplw8a16,
+    "pplcuda": deploy_qparams_ppl_cuda,
+    "vitis": deploy_qparams_vitis,
+    "nnie": deploy_qparams_nnie,
+    "openvino": deploy_qparams_openvino,
+    "tengine_u8": deploy_qparams_tengine,
+    "onnx_qnn": deploy_qparams_tvm,
+    "stpu": deploy_qparams_stpu,
+}
+for _backend in ParamsTable:  # MQBench's registrations: merge BN, export, the backend's parameter files
+    BACKEND_DEPLOY_FUNCTION[_backend] = [
+        convert_merge_bn,
+        convert_onnx,
+        *((convert_onnx_qlinear,) if _backend == "tensorrt" else ()),
+        *((_DEPLOY_QPARAMS[_backend],) if _backend in _DEPLOY_QPARAMS else ()),
+    ]
 
 
 def _warn_if_this_cpu_differs(

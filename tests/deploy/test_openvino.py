@@ -9,7 +9,7 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 
 from mqbench.backends import resolve_backend
-from mqbench.convert_deploy import DeployContext, convert_merge_bn, convert_onnx
+from mqbench.convert_deploy import DeployContext, convert_onnx, deployable_copy
 from mqbench.deploy.qdq import insert_qdq
 from mqbench.deploy.table import QParamTable, TensorQParams
 from mqbench.deploy.writers.openvino import (
@@ -140,7 +140,7 @@ def deployed(
         for _ in range(3):
             qmodel(torch.randn(8, *shape[1:]))
     enable_quantization(qmodel)
-    float_model, table, _, _ = convert_onnx(convert_merge_bn(qmodel), {"x": shape})
+    float_model, table, _, _ = convert_onnx(deployable_copy(qmodel), {"x": shape})
     return float_model, table
 
 

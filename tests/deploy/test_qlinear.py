@@ -11,7 +11,7 @@ import torch
 from onnx import helper, numpy_helper
 
 from mqbench.backends import resolve_backend
-from mqbench.convert_deploy import DeployContext, convert_merge_bn, convert_onnx
+from mqbench.convert_deploy import DeployContext, convert_onnx, deployable_copy
 from mqbench.deploy.qdq import insert_qdq
 from mqbench.deploy.qlinear import CONTRIB_DOMAIN, exposed_tensors, float_ops, to_qlinear, write
 from mqbench.deploy.qlinear_qdq import qlinear_as_qdq
@@ -406,7 +406,7 @@ def deployed(factory, backend: str, shape: list[int], seed: int = 0) -> tuple[on
         for _ in range(3):
             qmodel(torch.randn(8, *shape[1:]))
     enable_quantization(qmodel)
-    float_model, table, _, _ = convert_onnx(convert_merge_bn(qmodel), {"x": shape})
+    float_model, table, _, _ = convert_onnx(deployable_copy(qmodel), {"x": shape})
     return float_model, table
 
 

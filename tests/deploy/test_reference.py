@@ -11,7 +11,7 @@ import pytest
 import torch
 from onnx import TensorProto, helper, numpy_helper
 
-from mqbench.convert_deploy import convert_merge_bn, convert_onnx
+from mqbench.convert_deploy import convert_onnx, deployable_copy
 from mqbench.deploy import reference
 from mqbench.deploy.onnx_graph import ort_session
 from mqbench.deploy.qdq import insert_qdq
@@ -322,7 +322,7 @@ def _deployed(model_name: str, backend: str) -> tuple[onnx.ModelProto, np.ndarra
         enable_calibration(qmodel)
         qmodel(torch.randn(*shape))
         enable_quantization(qmodel)
-        float_model, table, _, _ = convert_onnx(convert_merge_bn(qmodel), {"x": shape})
+        float_model, table, _, _ = convert_onnx(deployable_copy(qmodel), {"x": shape})
         qdq_model, _ = insert_qdq(float_model, table)
         _DEPLOYED[key] = (qdq_model, torch.randn(*shape).numpy())
     return _DEPLOYED[key]

@@ -26,7 +26,14 @@ from mqbench.nn.intrinsic.qat.modules.bn_folding import BnFoldingModule
 from mqbench.qparams import TensorQParams
 from mqbench.utils.state import UncalibratedError, quantizers
 
-__all__ = ["FrozenQuantizer", "UncalibratedError", "freeze_quantizers", "merge_bn", "uncalibrated_quantizers"]
+__all__ = [
+    "FrozenQuantizer",
+    "UncalibratedError",
+    "freeze_quantizers",
+    "merge_bn",
+    "merge_bn_in_place",
+    "uncalibrated_quantizers",
+]
 
 Tap = Callable[["FrozenQuantizer", Tensor, Tensor], None]
 
@@ -95,15 +102,20 @@ def uncalibrated_quantizers(model: nn.Module) -> list[str]:
     return missing
 
 
+def merge_bn_in_place(model: nn.Module) -> nn.Module:
+    """``model`` itself, in eval mode, with every BN-folding QAT module merged into its conv/linear."""
+    model.eval()
+    for name, module in list(model.named_modules()):
+        if isinstance(module, BnFoldingModule):
+            set_submodule(model, name, module.merge_bn().eval())
+    if isinstance(model, fx.GraphModule):
+        model.recompile()
+    return model
+
+
 def merge_bn(model: nn.Module) -> nn.Module:
     """A copy of ``model`` in eval mode with every BN-folding QAT module merged into its conv/linear."""
-    merged = copy.deepcopy(model).eval()
-    for name, module in list(merged.named_modules()):
-        if isinstance(module, BnFoldingModule):
-            set_submodule(merged, name, module.merge_bn().eval())
-    if isinstance(merged, fx.GraphModule):
-        merged.recompile()
-    return merged
+    return merge_bn_in_place(copy.deepcopy(model))
 
 
 def _freeze(name: str, quantizer: QuantizeBase, kind: str) -> FrozenQuantizer:

@@ -7,6 +7,7 @@ from typing import Any
 
 from mqbench.backends.registry import _key, resolve_backend
 from mqbench.deploy.context import DeployStep
+from mqbench.deploy.stepwise import BACKEND_DEPLOY_FUNCTION, wants_model_and_kwargs
 from mqbench.deploy.writers import WRITERS
 
 __all__ = ["DeployFunctionRegistry", "deploy_functions", "register_deploy_function"]
@@ -76,6 +77,10 @@ def register_deploy_function(
 ) -> Callable[[DeployStep], DeployStep]:
     """Decorator: ``step(context) -> path`` produces the artifact ``artifact`` (default: the function's name).
 
+    A function written MQBench's way, ``fn(model, **kwargs)``, is appended to the backend's
+    ``BACKEND_DEPLOY_FUNCTION`` list instead and called by ``convert_deploy`` after its own steps,
+    with MQBench's keyword arguments (see :mod:`mqbench.deploy.stepwise`).
+
     A key the backend already produces needs ``replace=True``; a key its spec lists that no
     built-in writer makes does not. ``reader(path, spec, float_model) -> QParamTable`` lets
     ``verify_deploy`` check the file. Example:
@@ -83,6 +88,10 @@ def register_deploy_function(
     """
 
     def decorate(step: DeployStep) -> DeployStep:
+        if artifact is None and reader is None and wants_model_and_kwargs(step):
+            # MQBench's form, fn(model, **kwargs): run in registration order after the pipeline's own steps
+            BACKEND_DEPLOY_FUNCTION.append(backend, step)
+            return step
         deploy_functions.register(backend, artifact or step.__name__, step, replace, reader)
         return step
 

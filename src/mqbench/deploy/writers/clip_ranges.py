@@ -89,6 +89,8 @@ def write(context: DeployContext) -> Path:
 def read(path: str | Path, spec: BackendSpec, float_model: onnx.ModelProto) -> QParamTable:
     """The quantization the backend applies from this file (see the module docstring)."""
     data = load_json(path)
+    if "tensorrt" not in data and spec.name in data:  # a backend without a format of its own (MQBench's steps)
+        return _read_qparams(get_section(data, spec.name, path), path)
     if spec.weight is None or spec.activation is None:
         return _read_qparams(get_section(data, "qparams", path), path)
     ranges = get_section(get_section(data, "tensorrt", path), "blob_range", path)
