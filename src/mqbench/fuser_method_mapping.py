@@ -31,9 +31,24 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from mqbench.nn import intrinsic as nni
 from mqbench.nn import qat as nnqat
 from mqbench.nn.intrinsic import qat as nniqat
+from mqbench.nn.modules import FrozenBatchNorm2d
 from mqbench.utils.fusion import fold_bn_into
 
-__all__ = ["FUSER_METHODS", "QAT_MODULE_MAPPING", "RELU", "Pattern", "activation_module"]
+__all__ = [
+    "FUSER_METHODS",
+    "QAT_MODULE_MAPPING",
+    "RELU",
+    "Pattern",
+    "activation_module",
+    "fuse_conv_freezebn",
+    "fuse_conv_freezebn_relu",
+    "fuse_custom_config_dict",
+    "fuse_deconv_bn",
+    "fuse_deconv_bn_relu",
+    "fuse_deconv_freezebn",
+    "fuse_deconv_freezebn_relu",
+    "fuse_linear_bn",
+]
 
 Matcher = type | Callable[..., Any] | str
 Pattern = tuple[Any, ...]
@@ -79,6 +94,15 @@ _FAMILIES: tuple[tuple[type, type | None, type | None, type | None, type], ...] 
     (nn.Conv3d, nn.BatchNorm3d, nni.ConvBn3d, nni.ConvBnReLU3d, nni.ConvReLU3d),
     (nn.Linear, nn.BatchNorm1d, nni.LinearBn1d, nni.LinearBnReLU1d, nni.LinearReLU),
     (nn.ConvTranspose2d, nn.BatchNorm2d, nni.ConvTransposeBn2d, nni.ConvTransposeBnReLU2d, nni.ConvTransposeReLU2d),
+    # BatchNorm with frozen statistics (mqbench.nn.modules.FrozenBatchNorm2d)
+    (nn.Conv2d, FrozenBatchNorm2d, nni.ConvFreezebn2d, nni.ConvFreezebnReLU2d, nni.ConvReLU2d),
+    (
+        nn.ConvTranspose2d,
+        FrozenBatchNorm2d,
+        nni.ConvTransposeFreezebn2d,
+        nni.ConvTransposeFreezebnReLU2d,
+        nni.ConvTransposeReLU2d,
+    ),
 )
 
 
@@ -111,3 +135,51 @@ QAT_MODULE_MAPPING = MappingProxyType(
         },
     }
 )
+
+
+# -- MQBench's names ----------------------------------------------------------------------------------------
+# MQBench's fusers take the modules alone and return the fused module that keeps its BatchNorm (the QAT
+# form); ``extra_fuse_dict`` accepts them as they are (mqbench.custom_quantizer.model_quantizer.with_is_qat).
+def fuse_linear_bn(linear: nn.Linear, bn: _BatchNorm) -> nn.Module:
+    return FUSER_METHODS[(nn.Linear, nn.BatchNorm1d)](True, linear, bn)
+
+
+def fuse_deconv_bn(deconv: nn.ConvTranspose2d, bn: _BatchNorm) -> nn.Module:
+    return FUSER_METHODS[(nn.ConvTranspose2d, nn.BatchNorm2d)](True, deconv, bn)
+
+
+def fuse_deconv_bn_relu(deconv: nn.ConvTranspose2d, bn: _BatchNorm, relu: nn.Module) -> nn.Module:
+    return FUSER_METHODS[(nn.ConvTranspose2d, nn.BatchNorm2d, RELU)](True, deconv, bn, relu)
+
+
+def fuse_conv_freezebn(conv: nn.Conv2d, bn: FrozenBatchNorm2d) -> nn.Module:
+    return FUSER_METHODS[(nn.Conv2d, FrozenBatchNorm2d)](True, conv, bn)
+
+
+def fuse_conv_freezebn_relu(conv: nn.Conv2d, bn: FrozenBatchNorm2d, relu: nn.Module) -> nn.Module:
+    return FUSER_METHODS[(nn.Conv2d, FrozenBatchNorm2d, RELU)](True, conv, bn, relu)
+
+
+def fuse_deconv_freezebn(deconv: nn.ConvTranspose2d, bn: FrozenBatchNorm2d) -> nn.Module:
+    return FUSER_METHODS[(nn.ConvTranspose2d, FrozenBatchNorm2d)](True, deconv, bn)
+
+
+def fuse_deconv_freezebn_relu(deconv: nn.ConvTranspose2d, bn: FrozenBatchNorm2d, relu: nn.Module) -> nn.Module:
+    return FUSER_METHODS[(nn.ConvTranspose2d, FrozenBatchNorm2d, RELU)](True, deconv, bn, relu)
+
+
+# MQBench's extra_fuse_dict of its own patterns. Every pattern in it is built in here (FUSER_METHODS,
+# QAT_MODULE_MAPPING), so passing it changes nothing; it is kept for code that passes or extends it.
+fuse_custom_config_dict: dict[str, dict[Any, Any]] = {
+    "additional_fuser_method_mapping": {
+        (nn.Linear, nn.BatchNorm1d): fuse_linear_bn,
+        (nn.ConvTranspose2d, nn.BatchNorm2d): fuse_deconv_bn,
+        (nn.ConvTranspose2d, nn.BatchNorm2d, nn.ReLU): fuse_deconv_bn_relu,
+        (nn.Conv2d, FrozenBatchNorm2d): fuse_conv_freezebn,
+        (nn.Conv2d, FrozenBatchNorm2d, nn.ReLU): fuse_conv_freezebn_relu,
+        (nn.ConvTranspose2d, FrozenBatchNorm2d): fuse_deconv_freezebn,
+        (nn.ConvTranspose2d, FrozenBatchNorm2d, nn.ReLU): fuse_deconv_freezebn_relu,
+    },
+    "additional_fusion_pattern": {},
+    "additional_qat_module_mapping": {},
+}

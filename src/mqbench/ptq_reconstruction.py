@@ -7,6 +7,34 @@ Example:
     True
 """
 
-from mqbench.advanced_ptq import ptq_reconstruction
+from mqbench.advanced_ptq import (
+    USE_DDP,
+    USE_LINK,
+    CosineTempDecay,
+    LinearTempDecay,
+    LossFunction,
+    extract_block,
+    extract_layer,
+    extract_subgraph,
+    find_num_nodes,
+    lp_loss,
+    ptq_reconstruction,
+    save_inp_oup_data,
+    subgraph_reconstruction,
+)
 
-__all__ = ["ptq_reconstruction"]
+__all__ = [
+    "USE_DDP",
+    "USE_LINK",
+    "CosineTempDecay",
+    "LinearTempDecay",
+    "LossFunction",
+    "extract_block",
+    "extract_layer",
+    "extract_subgraph",
+    "find_num_nodes",
+    "lp_loss",
+    "ptq_reconstruction",
+    "save_inp_oup_data",
+    "subgraph_reconstruction",
+]

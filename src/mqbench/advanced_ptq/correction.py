@@ -50,7 +50,7 @@ from mqbench.fake_quantize.quantize_base import QuantizeBase
 from mqbench.nn.intrinsic.qat.modules.bn_folding import BnFoldingModule
 from mqbench.utils.logger import logger
 
-__all__ = ["bias_correction", "cross_layer_equalization"]
+__all__ = ["bias_correction", "cross_layer_equalization", "equalization_pairs", "equalize_pair"]
 
 _LAYERS = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Linear)
 
@@ -110,9 +110,8 @@ def _scale_inputs(second: nn.Module, scale: Tensor) -> None:
     weight.mul_(scale.reshape(shape))
 
 
-@torch.no_grad()
-def cross_layer_equalization(model: fx.GraphModule, iterations: int = 1) -> list[tuple[str, str]]:
-    """Equalize the weight ranges of every eligible pair of layers (see the module docstring); returns the pairs."""
+def equalization_pairs(model: fx.GraphModule) -> list[tuple[str, str, nn.Module, nn.Module]]:
+    """Every pair of layers cross-layer equalization applies to: (node, following node, layer, following layer)."""
     modules = dict(model.named_modules())
     pairs = []
     for node in model.graph.nodes:
@@ -127,19 +126,37 @@ def cross_layer_equalization(model: fx.GraphModule, iterations: int = 1) -> list
         if _input_ranges(second, channels) is None or (getattr(first, "groups", 1) != 1 and first.groups != channels):
             continue
         pairs.append((node.name, follower.name, first, second))
+    return pairs
+
+
+@torch.no_grad()
+def equalize_pair(first: nn.Module, second: nn.Module) -> Tensor:
+    """Scale ``first``'s output channels by ``1 / s`` and ``second``'s inputs by ``s``, ``s = sqrt(r1 / r2)``; ``s``."""
+    weight = _weight(first)
+    channels = weight.shape[0]
+    r1 = weight.detach().reshape(channels, -1).abs().amax(1)
+    r2 = _input_ranges(second, channels)
+    if r2 is None:
+        raise ValueError(
+            f"{type(second).__name__} does not read {channels} channels one by one: it cannot be equalized"
+        )
+    usable = (r1 > 0) & (r2 > 0)
+    scale = torch.where(usable, torch.sqrt(r1 / torch.where(usable, r2, 1.0)), torch.ones_like(r1))
+    weight.div_(scale.reshape([-1] + [1] * (weight.dim() - 1)))
+    bias = _bias(first)
+    if bias is not None:
+        bias.div_(scale)
+    _scale_inputs(second, scale)
+    return scale
+
+
+@torch.no_grad()
+def cross_layer_equalization(model: fx.GraphModule, iterations: int = 1) -> list[tuple[str, str]]:
+    """Equalize the weight ranges of every eligible pair of layers (see the module docstring); returns the pairs."""
+    pairs = equalization_pairs(model)
     for _ in range(iterations):
         for _, _, first, second in pairs:
-            weight = _weight(first)
-            channels = weight.shape[0]
-            r1 = weight.detach().reshape(channels, -1).abs().amax(1)
-            r2 = cast(Tensor, _input_ranges(second, channels))  # not None: checked when the pair was taken
-            usable = (r1 > 0) & (r2 > 0)
-            scale = torch.where(usable, torch.sqrt(r1 / torch.where(usable, r2, 1.0)), torch.ones_like(r1))
-            weight.div_(scale.reshape([-1] + [1] * (weight.dim() - 1)))
-            bias = _bias(first)
-            if bias is not None:
-                bias.div_(scale)
-            _scale_inputs(second, scale)
+            equalize_pair(first, second)
     logger.info("cross-layer equalization: %d pair(s)", len(pairs))
     return [(a, b) for a, b, _, _ in pairs]
 

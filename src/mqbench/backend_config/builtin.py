@@ -201,6 +201,18 @@ def _fused_module(pattern: tuple[Op, ...], candidates: list[type[nni.FusedModule
         if len(cls.PARTS) == len(types)
         and all(issubclass(t, accepted) for t, (_, accepted) in zip(types, cls.PARTS, strict=True))
     ]
+    if len(matches) > 1:  # the most specific one (ConvFreezebn2d's FrozenBatchNorm2d before ConvBn2d's BatchNorm2d)
+        matches = [
+            cls
+            for cls in matches
+            if all(
+                all(
+                    issubclass(mine[0], theirs[0])
+                    for (_, mine), (_, theirs) in zip(cls.PARTS, other.PARTS, strict=True)
+                )
+                for other in matches
+            )
+        ]
     if len(matches) != 1:
         names = ", ".join(op_name(op) for op in pattern)
         found = ", ".join(cls.__name__ for cls in matches) or "none"

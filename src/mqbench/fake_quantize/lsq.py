@@ -12,7 +12,12 @@ from mqbench.fake_quantize.quantize_base import QuantizeBase
 from mqbench.functional import EPS, folded_learnable_fake_quantize, learnable_fake_quantize
 from mqbench.observer import MinMaxObserver
 
-__all__ = ["LearnableFakeQuantize"]
+__all__ = ["LearnableFakeQuantize", "grad_scale"]
+
+
+def grad_scale(t: Tensor, scale: float | Tensor) -> Tensor:
+    """``t`` forward, its gradient multiplied by ``scale`` backward (LSQ's gradient scaling)."""
+    return (t - t * scale).detach() + t * scale
 
 
 def _clamp_straight_through(t: Tensor, low: float, high: float) -> Tensor:

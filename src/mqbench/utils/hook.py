@@ -20,11 +20,13 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
+import torch
 from torch import nn
 
-__all__ = ["DataSaverHook", "StopForwardException"]
+__all__ = ["DataSaverHook", "PerChannelLoadHook", "StopForwardException"]
 
 
 class StopForwardException(Exception):  # noqa: N818  (MQBench's name)
@@ -52,3 +54,26 @@ class DataSaverHook:
             self.output_store = output_batch
         if self.stop_forward:
             raise StopForwardException
+
+
+class PerChannelLoadHook:
+    """MQBench's state-dict pre-hook: resizes ``hook_param`` of ``module`` to the shapes in the state dict.
+
+    Per-channel parameters are created with one element and take their channel count from the
+    first calibration; loading a calibrated state dict into a fresh model needs them resized first.
+    This package's quantizers and observers do it themselves; the hook is for user modules.
+    """
+
+    def __init__(self, module: nn.Module, hook_param: Sequence[str] = ("scale", "zero_point")) -> None:
+        self.hook_param = tuple(hook_param)
+        self.handle = module._register_load_state_dict_pre_hook(self, with_module=True)
+
+    def __call__(self, module: nn.Module, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
+        for name in self.hook_param:
+            key = prefix + name
+            current = getattr(module, name, None)
+            if key in state_dict and isinstance(current, torch.Tensor) and current.shape != state_dict[key].shape:
+                current.data = current.data.new_empty(state_dict[key].shape)
+
+    def close(self) -> None:
+        self.handle.remove()

@@ -12,13 +12,19 @@ from __future__ import annotations
 import logging
 import sys
 
-__all__ = ["disable_logging", "logger", "set_log_level"]
+__all__ = ["QBENCH_LOGGER_NAME", "disable_logging", "fmt", "logger", "set_log_level", "stdout_handler"]
 
-logger = logging.getLogger("mqbench")
+QBENCH_LOGGER_NAME = "mqbench"  # MQBench's name for the logger's name
+fmt = logging.Formatter("[%(name)s %(levelname)s] %(message)s")
+logger = logging.getLogger(QBENCH_LOGGER_NAME)
+# The handler mqbench's messages go through (MQBench's name; they go to stderr, as warnings do).
+stdout_handler = next((h for h in logger.handlers if getattr(h, "_mqbench", False)), None) or logging.StreamHandler(
+    sys.stderr
+)
 if not logger.handlers:
-    _handler = logging.StreamHandler(sys.stderr)
-    _handler.setFormatter(logging.Formatter("[%(name)s %(levelname)s] %(message)s"))
-    logger.addHandler(_handler)
+    stdout_handler.setFormatter(fmt)
+    stdout_handler._mqbench = True  # type: ignore[attr-defined]
+    logger.addHandler(stdout_handler)
     logger.setLevel(logging.INFO)
     logger.propagate = False
 

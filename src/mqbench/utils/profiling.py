@@ -50,12 +50,25 @@ import torch
 from torch import Tensor, fx, nn
 from tqdm.auto import tqdm
 
+from mqbench.advanced_ptq.mqbench_api import to_device
 from mqbench.advanced_ptq.reconstruction import call_with
 from mqbench.utils.hook import StopForwardException
 from mqbench.utils.logger import logger
 from mqbench.utils.state import all_switched_off, is_quantizer
 
-__all__ = ["LayerError", "ProfileTable", "ProfileUnit", "find_units", "profile_layers", "profiling"]
+__all__ = [
+    "QUANT_FUNCTION_TYPE",
+    "QUANT_MODULE_TYPE",
+    "LayerError",
+    "ProfileTable",
+    "ProfileUnit",
+    "cosine",
+    "find_units",
+    "node2modules",
+    "profile_layers",
+    "profiling",
+    "to_device",
+]
 
 MODES = ("standalone", "interaction")
 PARTS = ("weight", "activation", "both")
@@ -336,3 +349,20 @@ def profiling(
     mean = sum(r.cosine for r in table) / len(table)
     logger.info(f"mean cosine {mean:.6f}; worst layer {worst.name} ({worst.op}) cosine {worst.cosine:.6f}")
     return table
+
+
+# -- MQBench's helper names ---------------------------------------------------------------------------------
+# The module and function types whose outputs MQBench's profiling compared (here: every quantized op).
+QUANT_MODULE_TYPE = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose2d, nn.Linear, nn.Embedding)
+QUANT_FUNCTION_TYPE = (torch.add, torch.cat, torch.matmul, torch.nn.functional.linear, torch.nn.functional.conv2d)
+
+
+def cosine(x: Tensor, y: Tensor) -> float:
+    """The cosine similarity of two tensors, flattened."""
+    x, y = x.detach().flatten().double(), y.detach().flatten().double()
+    return float((x @ y) / (x.norm() * y.norm()).clamp_min(1e-30))
+
+
+def node2modules(name2modules: dict[str, nn.Module], nodes: Sequence[fx.Node]) -> dict[fx.Node, nn.Module]:
+    """The module each ``call_module`` node of ``nodes`` calls."""
+    return {node: name2modules[str(node.target)] for node in nodes if node.op == "call_module"}

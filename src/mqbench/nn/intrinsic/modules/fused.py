@@ -23,6 +23,8 @@ from typing import ClassVar
 
 from torch import nn
 
+from mqbench.nn.modules.frozen_batchnorm import FrozenBatchNorm2d
+
 __all__ = [
     "ACTIVATIONS",
     "ConvBn1d",
@@ -31,11 +33,15 @@ __all__ = [
     "ConvBnReLU1d",
     "ConvBnReLU2d",
     "ConvBnReLU3d",
+    "ConvFreezebn2d",
+    "ConvFreezebnReLU2d",
     "ConvReLU1d",
     "ConvReLU2d",
     "ConvReLU3d",
     "ConvTransposeBn2d",
     "ConvTransposeBnReLU2d",
+    "ConvTransposeFreezebn2d",
+    "ConvTransposeFreezebnReLU2d",
     "ConvTransposeReLU2d",
     "FusedModule",
     "LinearBn1d",
@@ -198,3 +204,28 @@ class ConvTransposeBnReLU2d(FusedModule):
     """ConvTranspose2d, BatchNorm2d and ReLU/ReLU6."""
 
     PARTS = _parts(nn.ConvTranspose2d, nn.BatchNorm2d, True)
+
+
+# -- BatchNorm with frozen statistics (MQBench's freezebn family) -----------------------------------------
+class ConvFreezebn2d(ConvBn2d):
+    """Conv2d followed by a FrozenBatchNorm2d (its QAT module never updates the statistics)."""
+
+    PARTS = _parts(nn.Conv2d, FrozenBatchNorm2d, False)
+
+
+class ConvFreezebnReLU2d(ConvBnReLU2d):
+    """Conv2d, FrozenBatchNorm2d and ReLU/ReLU6."""
+
+    PARTS = _parts(nn.Conv2d, FrozenBatchNorm2d, True)
+
+
+class ConvTransposeFreezebn2d(ConvTransposeBn2d):
+    """ConvTranspose2d followed by a FrozenBatchNorm2d."""
+
+    PARTS = _parts(nn.ConvTranspose2d, FrozenBatchNorm2d, False)
+
+
+class ConvTransposeFreezebnReLU2d(ConvTransposeBnReLU2d):
+    """ConvTranspose2d, FrozenBatchNorm2d and ReLU/ReLU6."""
+
+    PARTS = _parts(nn.ConvTranspose2d, FrozenBatchNorm2d, True)

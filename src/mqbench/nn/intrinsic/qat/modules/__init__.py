@@ -22,6 +22,12 @@ from mqbench.nn.intrinsic.qat.modules.deconv_fused import (
     ConvTransposeBnReLU2d,
     ConvTransposeReLU2d,
 )
+from mqbench.nn.intrinsic.qat.modules.freezebn import (
+    ConvFreezebn2d,
+    ConvFreezebnReLU2d,
+    ConvTransposeFreezebn2d,
+    ConvTransposeFreezebnReLU2d,
+)
 from mqbench.nn.intrinsic.qat.modules.linear_fused import (
     LinearBn1d,
     LinearBnReLU1d,
@@ -36,11 +42,15 @@ __all__ = [
     "ConvBnReLU1d",
     "ConvBnReLU2d",
     "ConvBnReLU3d",
+    "ConvFreezebn2d",
+    "ConvFreezebnReLU2d",
     "ConvReLU1d",
     "ConvReLU2d",
     "ConvReLU3d",
     "ConvTransposeBn2d",
     "ConvTransposeBnReLU2d",
+    "ConvTransposeFreezebn2d",
+    "ConvTransposeFreezebnReLU2d",
     "ConvTransposeReLU2d",
     "LinearBn1d",
     "LinearBnReLU1d",

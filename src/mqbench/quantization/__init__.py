@@ -1,0 +1,3 @@
+"""MQBench's ``mqbench.quantization`` helpers (qconfig dict flattening)."""
+
+__all__: list[str] = []
