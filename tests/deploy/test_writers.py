@@ -310,7 +310,7 @@ def test_nnie_layout_and_scale(tmp_path):
     data = json.loads(WRITERS["nnie_json"](context).read_text())
     params = data["nnie"]["gfpq_param_dict"]
     assert params == {tensor: entry.data_max for tensor, entry in table.items()}
-    read = READERS["nnie_json"](context.path("_nnie.json"), ParamsTable["nnie"], context.float_model)
+    read = READERS["nnie_json"](context.path("_gfpq_param_dict.json"), ParamsTable["nnie"], context.float_model)
     for tensor, value in params.items():
         z = round(16 * np.log2(np.float64(np.float32(value)))) - 127
         assert read[tensor].scale[0] == np.float32(2.0 ** (z / 16))
