@@ -368,6 +368,7 @@ def _deploy(
         for key, step in extra_steps.items():
             if key not in written or key in ("onnx", "deploy_onnx"):
                 written[key] = str(step(context))
+        _refuse_shared_files(spec, written)
         artifacts = {}
         for key, path in written.items():
             source = Path(path)
@@ -383,6 +384,20 @@ def _deploy(
         shutil.rmtree(scratch, ignore_errors=True)
     _warn_if_this_cpu_differs(spec, artifacts, table, float_model, qlinear_weight_type)
     return DeployResult(spec.name, model_name, artifacts, table, input_names, output_names, dequantized, spec=spec)
+
+
+def _refuse_shared_files(spec: BackendSpec, written: Mapping[str, str]) -> None:
+    """ValueError when two artifacts went to one file (several formats share a name, e.g. ``_clip_ranges.json``)."""
+    keys: dict[Path, str] = {}
+    for key, path in written.items():
+        resolved = Path(path).resolve()
+        if resolved in keys:
+            raise ValueError(
+                f"backend {spec.name!r}: the artifacts {keys[resolved]!r} and {key!r} are both written to "
+                f"{resolved.name}, so one would overwrite the other; list only one of them in the backend's "
+                "deploy keys, or register a deploy step for one of them that writes a file of another name"
+            )
+        keys[resolved] = key
 
 
 def _warn_if_this_cpu_differs(
