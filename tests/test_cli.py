@@ -59,7 +59,7 @@ def test_verify_command_checks_artifacts_and_rejects_bad_arguments(capsys, tmp_p
     assert main(["verify", "--backend", "snpe", "--output-dir", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "== snpe: ok" in out and "encodings" in out and "onnxruntime (rebuilt)" in out
-    assert (tmp_path / "snpe" / "digits_encodings.json").is_file()
+    assert (tmp_path / "snpe" / "digits_clip_ranges.json").is_file()
     with pytest.raises(SystemExit) as exit_info:
         main(["verify", "--backend", "nonexistent"])
     assert exit_info.value.code == 2

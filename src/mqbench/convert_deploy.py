@@ -421,6 +421,7 @@ def _deploy(
         for key, step in extra_steps.items():
             if key not in written or key in ("onnx", "deploy_onnx"):
                 written[key] = str(step(context))
+        _refuse_shared_files(spec, written)
         steps = [f for f in BACKEND_DEPLOY_FUNCTION.get(spec.name, []) if f not in _pipeline_steps(spec)]
         if steps:
             kwargs = {
@@ -541,6 +542,20 @@ for _backend in ParamsTable:  # MQBench's registrations: merge BN, export, the b
         *((convert_onnx_qlinear,) if _backend == "tensorrt" else ()),
         *((_DEPLOY_QPARAMS[_backend],) if _backend in _DEPLOY_QPARAMS else ()),
     ]
+
+
+def _refuse_shared_files(spec: BackendSpec, written: Mapping[str, str]) -> None:
+    """ValueError when two artifacts went to one file (several formats share a name, e.g. ``_clip_ranges.json``)."""
+    keys: dict[Path, str] = {}
+    for key, path in written.items():
+        resolved = Path(path).resolve()
+        if resolved in keys:
+            raise ValueError(
+                f"backend {spec.name!r}: the artifacts {keys[resolved]!r} and {key!r} are both written to "
+                f"{resolved.name}, so one would overwrite the other; list only one of them in the backend's "
+                "deploy keys, or register a deploy step for one of them that writes a file of another name"
+            )
+        keys[resolved] = key
 
 
 def _warn_if_this_cpu_differs(

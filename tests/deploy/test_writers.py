@@ -280,9 +280,10 @@ def test_snpe_signed_grid_with_zero_point_reads_back_as_the_same_levels(tmp_path
 def test_ppl_layout(tmp_path):
     table = toy_table("pplcuda")
     data = json.loads(WRITERS["ppl_json"](context_for("pplcuda", table, tmp_path)).read_text())
-    weight = data["weight"]["w_deconv"]
+    assert list(data) == ["ppl"] and list(data["ppl"]) == list(table)
+    weight = data["ppl"]["w_deconv"]
     entry = table["w_deconv"]
-    assert weight["type"] == "per_channel" and weight["axis"] == 1 and weight["bit"] == 8
+    assert weight["type"] == "biased" and weight["kind"] == "weight" and weight["axis"] == 1 and weight["bit"] == 8
     assert weight["step"] == [float(s) for s in entry.scale]
     assert weight["zero_point"] == entry.zero_point.tolist()
     assert weight["min"] == [
@@ -291,16 +292,17 @@ def test_ppl_layout(tmp_path):
     assert weight["max"] == [
         float(np.float32((255 - z) * np.float64(s))) for s, z in zip(entry.scale, entry.zero_point, strict=True)
     ]
-    x = data["activation"]["x"]
-    assert x["type"] == "per_tensor" and "axis" not in x and x["zero_point"] == int(table["x"].zero_point[0])
+    x = data["ppl"]["x"]
+    assert x["type"] == "biased" and x["kind"] == "activation" and "axis" not in x
+    assert x["zero_point"] == int(table["x"].zero_point[0]) and x["step"] == float(table["x"].scale[0])
 
 
 def test_ppl_sixteen_bit_range(tmp_path):
     entry = TensorQParams(np.array([3.05e-6], np.float32), np.array([29459]), 0, 65535)
     context = context_for("pplw8a16", QParamTable({"x": entry}), tmp_path)
     data = json.loads(WRITERS["ppl_json"](context).read_text())
-    assert data["activation"]["x"]["bit"] == 16
-    read = READERS["ppl_json"](context.path("_ppl.json"), ParamsTable["pplw8a16"], context.float_model)
+    assert data["ppl"]["x"]["bit"] == 16
+    read = READERS["ppl_json"](context.path("_clip_ranges.json"), ParamsTable["pplw8a16"], context.float_model)
     assert_same_entry(read["x"], entry)
 
 
@@ -310,7 +312,7 @@ def test_nnie_layout_and_scale(tmp_path):
     data = json.loads(WRITERS["nnie_json"](context).read_text())
     params = data["nnie"]["gfpq_param_dict"]
     assert params == {tensor: entry.data_max for tensor, entry in table.items()}
-    read = READERS["nnie_json"](context.path("_nnie.json"), ParamsTable["nnie"], context.float_model)
+    read = READERS["nnie_json"](context.path("_gfpq_param_dict.json"), ParamsTable["nnie"], context.float_model)
     for tensor, value in params.items():
         z = round(16 * np.log2(np.float64(np.float32(value)))) - 127
         assert read[tensor].scale[0] == np.float32(2.0 ** (z / 16))
@@ -323,6 +325,27 @@ def test_nnie_refuses_linear_entries(tmp_path):
         WRITERS["nnie_json"](context_for("nnie", table, tmp_path))
 
 
+@pytest.mark.parametrize(
+    ("backend", "key", "extra"),
+    [("pplcuda", "ppl_json", ("kind", "axis")), ("vitis", "vitis_json", ("kind", "bit_width", "fix_position"))],
+)
+def test_files_without_the_added_keys_read_as_mqbench_writes_them(tmp_path, backend, key, extra):
+    """With only MQBench's keys per tensor, kind and channel axis come from the float model, the rest as written."""
+    table = toy_table(backend)
+    context = context_for(backend, table, tmp_path)
+    path = WRITERS[key](context)
+    data = json.loads(path.read_text())
+    (section,) = data.values()
+    for values in section.values():
+        for name in extra:
+            values.pop(name, None)
+    path.write_text(json.dumps(data))
+    read = READERS[key](path, ParamsTable[backend], context.float_model)
+    assert list(read) == list(table)
+    for tensor, entry in table.items():
+        assert_same_entry(read[tensor], entry)
+
+
 def test_vitis_fix_positions(tmp_path):
     table = QParamTable(
         {
@@ -333,7 +356,17 @@ def test_vitis_fix_positions(tmp_path):
         }
     )
     data = json.loads(WRITERS["vitis_json"](context_for("vitis", table, tmp_path)).read_text())
-    assert data == {"param": {"w_deconv": [[8, 7], [8, 6], [8, -3]]}, "output": {"x": [[8, 5]]}}
+    assert data == {
+        "vitis": {
+            "x": {"scale": 2.0**-5, "bit_width": 8, "fix_position": 5, "kind": "activation"},
+            "w_deconv": {
+                "scale": [2.0**-7, 2.0**-6, 2.0**3],
+                "bit_width": 8,
+                "fix_position": [7, 6, -3],
+                "kind": "weight",
+            },
+        }
+    }
 
 
 @pytest.mark.parametrize(
@@ -409,12 +442,27 @@ MALFORMED = [
     (
         "ppl_json",
         "pplcuda",
-        '{"activation": {"x": {"step": 0.1, "zero_point": 0.5, "min": 0, "max": 25.5, "bit": 8}}, "weight": {}}',
+        '{"ppl": {"x": {"step": 0.1, "zero_point": 0.5, "min": 0, "max": 25.5, "bit": 8}}}',
         "'zero_point' of tensor 'x'",
     ),
     ("ppl_json", "pplcuda", "[]", "JSON object"),
+    ("ppl_json", "pplcuda", '{"activation": {}, "weight": {}}', "'ppl'"),
+    (
+        "ppl_json",
+        "pplcuda",
+        '{"ppl": {"x": {"step": 0.1, "zero_point": 0, "min": 0, "max": 25.5, "bit": 8, "type": "per_tensor"}}}',
+        "'x' has type 'per_tensor'",
+    ),
+    (
+        "ppl_json",
+        "pplcuda",
+        '{"ppl": {"x": {"step": [0.1], "zero_point": 0, "min": [0], "max": [25.5], "bit": 8}}}',
+        "'x' needs lists",
+    ),
     ("nnie_json", "nnie", '{"nnie": {"gfpq_param_dict": {"x": -1.0}}}', "'x'"),
-    ("vitis_json", "vitis", '{"param": {}, "output": {"x": [[8]]}}', "'x'"),
+    ("vitis_json", "vitis", '{"vitis": {"x": {"scale": 0.3}}}', "'x'"),
+    ("vitis_json", "vitis", '{"vitis": {"x": {"scale": 0.25, "fix_position": 3}}}', "'x'"),
+    ("vitis_json", "vitis", '{"param": {}, "output": {}}', "'vitis'"),
     ("tengine_scale", "tengine_u8", "x 0.1\n", "line 1"),
     ("tengine_scale", "tengine_u8", "x 0.1 3\ny 0.2 4\nx 0.1 3\n", "consecutive"),
     ("stpu_json", "stpu", '{"activation": {"x": {"scale": 0.1, "zero_point": 0}}, "weight": {}}', "quant_min"),
@@ -453,9 +501,9 @@ def names_in_file(key: str, path: str) -> set[str]:
     paths = {
         "clip_ranges": [("tensorrt", "blob_range")],
         "encodings": [("activation_encodings",), ("param_encodings",)],
-        "ppl_json": [("activation",), ("weight",)],
+        "ppl_json": [("ppl",)],
         "nnie_json": [("nnie", "gfpq_param_dict")],
-        "vitis_json": [("param",), ("output",)],
+        "vitis_json": [("vitis",)],
         "stpu_json": [("activation",), ("weight",)],
     }[key]
     sections = []

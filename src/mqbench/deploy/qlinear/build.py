@@ -113,7 +113,12 @@ def float_ops(model: onnx.ModelProto) -> list[onnx.NodeProto]:
 
 
 def write(context: DeployContext) -> Path:
-    """The ``qlinear_onnx`` artifact: ``<model_name>_qlinear.onnx``; warns naming the ops left in float."""
+    """The ``qlinear_onnx`` artifact: ``<model_name>_qlinear.onnx``; warns naming the ops left in float.
+
+    MQBench's ONNX QNN deployment writes its QLinear model over ``<model_name>.onnx``; here that
+    name is the Q/DQ model every deployment holds (the ``onnx`` artifact), which verification
+    compares the QLinear model with, so the QLinear model keeps a name of its own.
+    """
     model, _ = to_qlinear(context.qdq_model, context.table, weight_type=context.qlinear_weight_type)
     left = float_ops(model)
     if left:

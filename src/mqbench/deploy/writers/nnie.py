@@ -1,4 +1,4 @@
-"""HiSilicon NNIE parameters (``{model_name}_nnie.json``): the ``gfpq_param`` of every quantized tensor.
+"""HiSilicon NNIE parameters (``{model_name}_gfpq_param_dict.json``): the ``gfpq_param`` of every quantized tensor.
 
 NNIE quantizes on a fixed 8-bit logarithmic grid (see
 :func:`mqbench.fake_quantize.nnie.nnie_quantize`) that one number describes: ``data_max``,
@@ -6,6 +6,8 @@ the largest magnitude of the tensor, which the NNIE mapper takes as the tensor's
 ``gfpq_param``. Layout::
 
     {"nnie": {"gfpq_param_dict": {tensor: data_max, weight: data_max, ...}}}
+
+(MQBench's file name and layout).
 
 Every table entry is written, weights included (a weight's ``data_max`` is its largest
 magnitude). ``data_max`` is a float32 value, written exactly.
@@ -52,7 +54,7 @@ if TYPE_CHECKING:
 
 __all__ = ["SUFFIX", "log_scale", "read", "write"]
 
-SUFFIX = "_nnie.json"
+SUFFIX = "_gfpq_param_dict.json"
 
 
 def log_scale(data_max: float) -> np.ndarray:
@@ -62,7 +64,7 @@ def log_scale(data_max: float) -> np.ndarray:
 
 
 def write(context: DeployContext) -> Path:
-    """Write ``{model_name}_nnie.json``: ``data_max`` of every table entry."""
+    """Write ``{model_name}_gfpq_param_dict.json``: ``data_max`` of every table entry."""
     params: dict[str, float] = {}
     for tensor, entry in context.table.items():
         if entry.grid != "log" or entry.data_max is None:

@@ -641,7 +641,12 @@ def fake_quantize_as_onnx(model: onnx.ModelProto) -> onnx.ModelProto:
 
 
 def write(context: DeployContext) -> Path:
-    """The ``openvino_onnx`` artifact: ``<model_name>_openvino.onnx``."""
+    """The ``openvino_onnx`` artifact: ``<model_name>_openvino.onnx``.
+
+    MQBench writes its FakeQuantize model as ``<model_name>_deploy_model.onnx``; here that name is
+    the float model every backend's deployment holds (the ``deploy_onnx`` artifact), so the
+    FakeQuantize model keeps a name of its own.
+    """
     model, _ = to_openvino(context.float_model, context.table)
     path = context.path("_openvino.onnx")
     save_model(model, path)

@@ -1,4 +1,4 @@
-"""SNPE / QNN quantization overrides (``{model_name}_encodings.json``).
+"""SNPE / QNN quantization overrides (``{model_name}_clip_ranges.json``, the file name MQBench gives them).
 
 Layout (the JSON that ``snpe-onnx-to-dlc --quantization_overrides`` and the QNN converters read)::
 
@@ -30,6 +30,11 @@ point ``-offset``. Lossy cases:
 * the log grid (NNIE) has no SNPE form; writing it raises ValueError.
 
 Per-channel lists are along axis 0 of the weight (axis 1 for a ConvTranspose weight).
+
+MQBench writes the same layout with ``bitwidth``, ``min`` and ``max`` per activation and an empty
+``param_encodings``; this file adds ``scale``, ``offset``, ``is_symmetric`` and ``dtype`` and fills
+``param_encodings``, which the SNPE and QNN converters also read (the weights' encodings are then
+the training's, not the converter's own).
 
 Example:
     >>> import numpy as np
@@ -67,7 +72,7 @@ if TYPE_CHECKING:
 
 __all__ = ["SUFFIX", "encodings", "read", "write"]
 
-SUFFIX = "_encodings.json"
+SUFFIX = "_clip_ranges.json"
 
 
 def encodings(entry: TensorQParams) -> list[dict[str, Any]]:
@@ -95,7 +100,7 @@ def encodings(entry: TensorQParams) -> list[dict[str, Any]]:
 
 
 def write(context: DeployContext) -> Path:
-    """Write ``{model_name}_encodings.json`` (activation and parameter encodings of every table entry)."""
+    """Write ``{model_name}_clip_ranges.json`` (activation and parameter encodings of every table entry)."""
     activations: dict[str, list[dict[str, Any]]] = {}
     params: dict[str, list[dict[str, Any]]] = {}
     for tensor, entry in context.table.items():

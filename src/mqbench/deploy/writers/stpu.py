@@ -1,4 +1,4 @@
-"""STPU quantization parameters (``{model_name}_stpu.json``): the full linear quantization of every tensor.
+"""STPU quantization parameters (``{model_name}_stpu_minmax.json``): the full linear quantization of every tensor.
 
 Layout::
 
@@ -10,6 +10,15 @@ Layout::
 ``(quant_max - zero_point) * scale`` of the integer range (float32 values, informative).
 Reading back (:func:`read`) is exact: every quantity the table holds is in the file. The log
 grid has no STPU form; writing it raises ValueError.
+
+The file name is MQBench's; the layout is not. MQBench's file is one flat object of
+``{"min": -127 * scale, "max": 127 * scale}`` per activation and per ``{node}_weights``, with a
+bias ``alpha`` per ``{node}_bias`` and an ``emin`` exponent on the outputs of convolutions,
+Gemm and upsampling that the STPU toolchain derives from those ranges, beside a
+``{model_name}_for_stpu.onnx`` model. That layout keeps only a symmetric [-127, 127] range
+per tensor under its node's name, so it cannot be read back into the quantization this
+deployment simulates; this file keeps every tensor under its ONNX name with its scale, zero
+point and integer range, and ``{model_name}_deploy_model.onnx`` is the model it belongs to.
 
 Example:
     >>> import numpy as np
@@ -45,7 +54,7 @@ if TYPE_CHECKING:
 
 __all__ = ["SUFFIX", "read", "stpu_entry", "write"]
 
-SUFFIX = "_stpu.json"
+SUFFIX = "_stpu_minmax.json"
 
 
 def stpu_entry(entry: TensorQParams) -> dict[str, Any]:
@@ -58,7 +67,7 @@ def stpu_entry(entry: TensorQParams) -> dict[str, Any]:
 
 
 def write(context: DeployContext) -> Path:
-    """Write ``{model_name}_stpu.json`` (every table entry, by kind)."""
+    """Write ``{model_name}_stpu_minmax.json`` (every table entry, by kind)."""
     return write_by_kind(context, SUFFIX, stpu_entry)
 
 

@@ -1,8 +1,8 @@
-"""Tengine quantization table (``{model_name}_tengine.scale``): ``tensor scale zero_point`` per line.
+"""Tengine quantization table (``{model_name}_for_tengine.scale``): ``tensor scale zero_point`` per line.
 
 The text table that Tengine's quantization tool reads for uint8 models: one line per tensor,
 its name, scale (a float32 value in the shortest decimal form that reads back to the same
-bits) and zero point, separated by single spaces::
+bits) and zero point, separated by single spaces (MQBench's file name and layout)::
 
     x 0.018290115520358086 115
     conv1.weight 0.0026034784968942404 128
@@ -43,7 +43,7 @@ if TYPE_CHECKING:
 
 __all__ = ["SUFFIX", "read", "scale_lines", "write"]
 
-SUFFIX = "_tengine.scale"
+SUFFIX = "_for_tengine.scale"
 
 
 def scale_lines(tensor: str, entry: TensorQParams) -> list[str]:
@@ -59,7 +59,7 @@ def scale_lines(tensor: str, entry: TensorQParams) -> list[str]:
 
 
 def write(context: DeployContext) -> Path:
-    """Write ``{model_name}_tengine.scale`` (every table entry; the ranges must be the backend's)."""
+    """Write ``{model_name}_for_tengine.scale`` (every table entry; the ranges must be the backend's)."""
     lines: list[str] = []
     for tensor, entry in context.table.items():
         scheme = scheme_for(context.spec, entry.kind, context.path(SUFFIX))

@@ -1,22 +1,26 @@
-"""Xilinx Vitis AI fix positions (``{model_name}_vitis.json``): bit width and fix position of every tensor.
+"""Xilinx Vitis AI fixed point (``{model_name}_clip_ranges.json``): scale, bit width and fix position of every tensor.
 
 The Vitis AI DPU computes in signed fixed point: a tensor of ``bit_width`` bits and fix
 position ``p`` holds integers in ``[-2**(bit_width - 1), 2**(bit_width - 1) - 1]`` that stand
-for ``q * 2**-p``, so a power-of-two scale ``2**-p`` with zero point 0. Layout, after the
-``quant_info.json`` that Vitis AI's PyTorch quantizer writes (``[[bit_width, fix_position]]``
-per tensor; weights under ``param``, activations under ``output``)::
+for ``q * 2**-p``, so a power-of-two scale ``2**-p`` with zero point 0. Layout, MQBench's for
+its Vitis backend (``{"scale": s}`` per tensor under ``vitis``) with the bit width, the fix
+position (``[bit_width, fix_position]`` is what Vitis AI's own ``quant_info.json`` and XIR's
+quantized ops carry) and the kind added::
 
-    {"param": {weight: [[8, 8]], ...}, "output": {tensor: [[8, 5]], ...}}
+    {"vitis": {tensor: {"scale": 0.03125, "bit_width": 8, "fix_position": 5, "kind": "activation"},
+               weight: {"scale": [0.0078125, ...], "bit_width": 8, "fix_position": [7, ...], "kind": "weight"}}}
 
-A per-channel weight has one pair per output channel. The keys are the tensor names of this
-deployment's ONNX models (``{model_name}_deploy_model.onnx``), not the node names Vitis AI's
-own quantizer gives.
+A per-channel weight has lists, one value per output channel. The keys are the tensor names of
+this deployment's ONNX models (``{model_name}_deploy_model.onnx``), not the node names Vitis
+AI's own quantizer gives.
 
 Writing raises ValueError naming the tensor when a scale is not a power of two, a zero point
 is not 0, or the integer range is not the full signed range of its bits. Reading back
-(:func:`read`) is exact: scale ``2**-p`` (a float32 power of two), zero point 0 and the signed
-range of ``bit_width`` bits; the only loss is representational: a per-channel weight with a
-single channel comes back per tensor.
+(:func:`read`) is exact: scale ``2**-p`` (a float32 power of two), zero point 0, the signed
+range of ``bit_width`` bits, and lists along the weight's output-channel axis (axis 1 for a
+ConvTranspose weight, else 0). ``fix_position``, where given, must agree with the scale. A file
+with ``scale`` alone (MQBench's) takes the kind from the float model (its initializers are
+weights) and the range from the backend's scheme for that kind.
 
 How the files feed the Vitis AI flow: Vitis AI's tools (the ``vai_q_pytorch`` / ``vai_q_onnx``
 quantizers, the XIR library and the ``vai_c_xir`` compiler, shipped in AMD/Xilinx's Docker
@@ -36,10 +40,10 @@ reference to compare its results with.
 Example:
     >>> import numpy as np
     >>> from mqbench.qparams import TensorQParams
-    >>> from mqbench.deploy.writers.vitis import fix_positions
-    >>> fix_positions("conv1", TensorQParams(np.array([2.0**-5]), np.array([0]), -128, 127))
-    [[8, 5]]
-    >>> fix_positions("conv1", TensorQParams(np.array([0.3]), np.array([0]), -128, 127))
+    >>> from mqbench.deploy.writers.vitis import vitis_entry
+    >>> vitis_entry("conv1", TensorQParams(np.array([2.0**-5]), np.array([0]), -128, 127))
+    {'scale': 0.03125, 'bit_width': 8, 'fix_position': 5, 'kind': 'activation'}
+    >>> vitis_entry("conv1", TensorQParams(np.array([0.3]), np.array([0]), -128, 127))
     Traceback (most recent call last):
     ...
     ValueError: tensor 'conv1': Vitis AI needs power-of-two scales, got 0.30000001192092896
@@ -54,23 +58,34 @@ import numpy as np
 import onnx
 
 from mqbench.backends.spec import BackendSpec
-from mqbench.deploy.writers.common import ModelTensors, get_section, load_json, make_entry, write_json
-from mqbench.qparams import QParamTable, TensorQParams, pot_exponent
+from mqbench.deploy.writers.common import (
+    ModelTensors,
+    as_values,
+    get_float,
+    get_int,
+    get_scalar_int,
+    get_section,
+    load_json,
+    make_entry,
+    scheme_for,
+    write_json,
+)
+from mqbench.qparams import KINDS, QParamTable, TensorQParams, pot_exponent
 
 if TYPE_CHECKING:
     from mqbench.deploy.context import DeployContext
 
-__all__ = ["SUFFIX", "fix_positions", "read", "write"]
+__all__ = ["SUFFIX", "read", "vitis_entry", "write"]
 
-SUFFIX = "_vitis.json"
+SUFFIX = "_clip_ranges.json"
 
 
 def _signed_range(bits: int) -> tuple[int, int]:
     return -(2 ** (bits - 1)), 2 ** (bits - 1) - 1
 
 
-def fix_positions(tensor: str, entry: TensorQParams) -> list[list[int]]:
-    """``[[bit_width, fix_position]]`` for one entry (one pair per channel); ValueError naming the tensor."""
+def vitis_entry(tensor: str, entry: TensorQParams) -> dict[str, Any]:
+    """Scale, bit width, fix position and kind of one entry (lists per channel); ValueError naming the tensor."""
     if entry.grid != "linear" or not entry.symmetric:
         raise ValueError(f"tensor {tensor!r}: Vitis AI fixed point has zero point 0 on a linear grid")
     bits = entry.bits
@@ -79,66 +94,71 @@ def fix_positions(tensor: str, entry: TensorQParams) -> list[list[int]]:
             f"tensor {tensor!r}: Vitis AI fixed point is the full signed range {list(_signed_range(bits))} of "
             f"{bits} bits, got [{entry.quant_min}, {entry.quant_max}]"
         )
-    pairs = []
+    positions = []
     for scale in entry.scale.tolist():
         try:
-            pairs.append([bits, pot_exponent(scale)])
+            positions.append(pot_exponent(scale))
         except ValueError:
             raise ValueError(f"tensor {tensor!r}: Vitis AI needs power-of-two scales, got {scale!r}") from None
-    return pairs
+    return {
+        "scale": as_values(entry.scale, entry.per_channel),
+        "bit_width": bits,
+        "fix_position": positions if entry.per_channel else positions[0],
+        "kind": entry.kind,
+    }
 
 
 def write(context: DeployContext) -> Path:
-    """Write ``{model_name}_vitis.json``: weights under ``param``, activations under ``output``."""
-    params: dict[str, list[list[int]]] = {}
-    outputs: dict[str, list[list[int]]] = {}
-    for tensor, entry in context.table.items():
-        (params if entry.kind == "weight" else outputs)[tensor] = fix_positions(tensor, entry)
-    return write_json(context.path(SUFFIX), {"param": params, "output": outputs})
+    """Write ``{model_name}_clip_ranges.json``: every table entry under ``vitis``, in the table's order."""
+    params = {tensor: vitis_entry(tensor, entry) for tensor, entry in context.table.items()}
+    return write_json(context.path(SUFFIX), {"vitis": params})
 
 
-def _pairs(tensor: str, value: Any, path: str | Path) -> list[tuple[int, int]]:
-    def valid(pair: Any) -> bool:
-        return (
-            isinstance(pair, list)
-            and len(pair) == 2
-            and all(isinstance(v, int) and not isinstance(v, bool) for v in pair)
-            and 1 < pair[0] <= 32
-        )
-
-    if not isinstance(value, list) or not value or not all(valid(pair) for pair in value):
-        raise ValueError(
-            f"{path}: tensor {tensor!r} needs a list of [bit_width, fix_position] integer pairs, got {value!r}"
-        )
-    return [(pair[0], pair[1]) for pair in value]
+def _entry(tensor: str, values: Any, spec: BackendSpec, model: ModelTensors, path: str | Path) -> TensorQParams:
+    if not isinstance(values, dict):
+        raise ValueError(f"{path}: the parameters of tensor {tensor!r} must be a JSON object")
+    kind = values.get("kind", model.kind(tensor))
+    if kind not in KINDS:
+        raise ValueError(f"{path}: tensor {tensor!r} has kind {kind!r}; valid: {', '.join(map(repr, KINDS))}")
+    scale = get_float(values, "scale", tensor, path)
+    scales = scale if isinstance(scale, list) else [scale]
+    try:
+        positions = [pot_exponent(value) for value in scales if value > 0]
+    except ValueError:
+        positions = []
+    if len(positions) != len(scales):
+        raise ValueError(f"{path}: tensor {tensor!r} needs positive power-of-two scales, got {scale!r}")
+    if any(not -126 <= p <= 149 for p in positions):  # 2**-p must be a float32
+        raise ValueError(f"{path}: tensor {tensor!r} has a fix position outside float32's range: {positions}")
+    if "fix_position" in values:
+        meant = positions if isinstance(scale, list) else positions[0]
+        if get_int(values, "fix_position", tensor, path) != meant:
+            raise ValueError(
+                f"{path}: tensor {tensor!r} has fix_position {values['fix_position']!r}, but its scale {scale!r} "
+                f"means {meant!r} (scale = 2**-fix_position)"
+            )
+    if "bit_width" in values:
+        bits = get_scalar_int(values, "bit_width", tensor, path)
+        if not 1 < bits <= 32:
+            raise ValueError(f"{path}: tensor {tensor!r} has bit_width {bits}; valid: 2 to 32")
+        quant_min, quant_max = _signed_range(bits)
+    else:
+        quant_min, quant_max = scheme_for(spec, kind, path).quant_range
+    axis = model.channel_axis(tensor, len(scales), path) if isinstance(scale, list) else None
+    return make_entry(
+        tensor,
+        path,
+        scale=np.array([2.0**-p for p in positions], np.float32),
+        zero_point=np.zeros(len(positions), np.int32),
+        quant_min=quant_min,
+        quant_max=quant_max,
+        axis=axis,
+        kind=kind,
+    )
 
 
 def read(path: str | Path, spec: BackendSpec, float_model: onnx.ModelProto) -> QParamTable:
-    """The fixed-point quantization of every tensor in a Vitis fix-position file (exact)."""
-    data = load_json(path)
+    """The fixed-point quantization of every tensor in a Vitis parameter file (exact)."""
+    params = get_section(load_json(path), "vitis", path)
     model = ModelTensors(float_model)
-    entries: dict[str, TensorQParams] = {}
-    for section, kind in (("output", "activation"), ("param", "weight")):
-        for tensor, value in get_section(data, section, path).items():
-            if tensor in entries:
-                raise ValueError(f"{path}: tensor {tensor!r} is under both 'param' and 'output'")
-            pairs = _pairs(tensor, value, path)
-            bits = {b for b, _ in pairs}
-            if len(bits) != 1:
-                raise ValueError(f"{path}: the channels of tensor {tensor!r} differ in bit width")
-            positions = [p for _, p in pairs]
-            if any(not -126 <= p <= 149 for p in positions):
-                raise ValueError(f"{path}: tensor {tensor!r} has a fix position outside float32's range: {positions}")
-            quant_min, quant_max = _signed_range(bits.pop())
-            axis = model.channel_axis(tensor, len(pairs), path) if len(pairs) > 1 else None
-            entries[tensor] = make_entry(
-                tensor,
-                path,
-                scale=np.array([2.0**-p for p in positions], np.float32),
-                zero_point=np.zeros(len(pairs), np.int32),
-                quant_min=quant_min,
-                quant_max=quant_max,
-                axis=axis,
-                kind=kind,
-            )
-    return QParamTable(entries)
+    return QParamTable({tensor: _entry(tensor, values, spec, model, path) for tensor, values in params.items()})
