@@ -39,7 +39,7 @@ from typing import Any
 import onnx
 import torch
 from onnx import numpy_helper
-from torch import Tensor, nn
+from torch import nn
 
 from mqbench.backends import BackendSpec, ParamsTable, resolve_backend
 from mqbench.custom_quantizer.passes import set_submodule
@@ -48,6 +48,7 @@ from mqbench.deploy.context import DeployContext, DeployResult, DeployStep
 from mqbench.deploy.cpu_check import cpu_warning
 from mqbench.deploy.freeze import freeze_quantizers, merge_bn, merge_bn_in_place
 from mqbench.deploy.functions import DeployFunctionRegistry, deploy_functions, register_deploy_function
+from mqbench.deploy.inputs import ModelInputs, describe, model_inputs
 from mqbench.deploy.onnx_graph import save_model
 from mqbench.deploy.qdq import insert_qdq
 from mqbench.deploy.stepwise import (
@@ -106,62 +107,13 @@ def deployable_copy(model: nn.Module) -> nn.Module:
     return freeze_quantizers(merge_bn(model))
 
 
-def _keyword_inputs(
-    model: nn.Module, positional: Sequence[Any], keywords: Mapping[str, Any], names: Sequence[str] | None
-) -> tuple[tuple[Any, ...], list[str]]:
-    """Positional arguments for ``model.forward`` from ``(*positional, {name: value})``, and their input names.
-
-    The dict's entries are bound to the forward's parameters by name, as ``torch.onnx.export``
-    does with a trailing dict; a parameter before the last given one must be given too.
-    """
-    try:
-        signature = inspect.signature(model.forward)
-    except (TypeError, ValueError):
-        raise ValueError(
-            "dummy_input ends in a dict of keyword inputs but the model's forward has no signature"
-        ) from None
-    parameters = [p for p in signature.parameters.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    unknown = [key for key in keywords if key not in {p.name for p in parameters[len(positional) :]}]
-    if unknown:
-        raise ValueError(
-            f"dummy_input's keyword inputs {unknown} are not parameters of the model's forward after the "
-            f"{len(positional)} positional input(s); it takes {[p.name for p in parameters]}"
-        )
-    given = [p.name for p in parameters[: len(positional)]] + [p.name for p in parameters if p.name in keywords]
-    last = max(i for i, p in enumerate(parameters) if p.name in given) if given else -1
-    skipped = [p.name for p in parameters[: last + 1] if p.name not in given]
-    if skipped:
-        raise ValueError(
-            f"dummy_input gives {given} but not {skipped}, which come before them in the model's forward "
-            f"{[p.name for p in parameters]}; add them to the dict"
-        )
-    args = (*positional, *(keywords[p.name] for p in parameters[len(positional) : last + 1]))
-    if names is not None and len(names) == len(positional):
-        return args, [*names, *given[len(positional) :]]
-    return args, given
-
-
 def _example_inputs(
     input_shape_dict: Mapping[str, Sequence[int]] | None, dummy_input: Any, model: nn.Module | None = None
-) -> tuple[tuple[Tensor, ...], list[str]]:
+) -> ModelInputs:
+    """The call the model is exported for (see :mod:`mqbench.deploy.inputs`): ``dummy_input`` as ``model``'s
+    forward takes it, else one random tensor per entry of ``input_shape_dict``."""
     if dummy_input is not None:
-        args = tuple(dummy_input) if isinstance(dummy_input, (tuple, list)) else (dummy_input,)
-        if isinstance(dummy_input, Mapping):
-            names, args = list(dummy_input), tuple(dummy_input.values())
-        elif args and isinstance(args[-1], Mapping) and model is not None:
-            # (*args, {name: value}): torch.onnx.export's form for keyword inputs
-            shape_names = list(input_shape_dict) if input_shape_dict else None
-            args, names = _keyword_inputs(model, args[:-1], args[-1], shape_names)
-        else:
-            names = list(input_shape_dict) if input_shape_dict else [f"input_{i}" for i in range(len(args))]
-        if not all(isinstance(a, Tensor) for a in args):
-            raise ValueError(
-                "dummy_input must be a tensor, a tuple/list of tensors (optionally ending in a dict of keyword "
-                "inputs, as torch.onnx.export takes) or a dict of name -> tensor"
-            )
-        if len(names) != len(args):
-            raise ValueError(f"input_shape_dict names {len(names)} inputs but dummy_input has {len(args)}")
-        return args, names
+        return model_inputs(model, dummy_input, list(input_shape_dict) if input_shape_dict else None)
     if not input_shape_dict:
         raise ValueError('give input_shape_dict (e.g. {"x": [1, 3, 224, 224]}) or dummy_input')
     args_list = []
@@ -173,7 +125,7 @@ def _example_inputs(
         if not dims or any(d <= 0 for d in dims):
             raise ValueError(f"input_shape_dict[{name!r}] must be a list of positive ints, got {shape!r}")
         args_list.append(torch.randn(dims, generator=torch.Generator().manual_seed(0)))
-    return tuple(args_list), list(input_shape_dict)
+    return model_inputs(model, tuple(args_list), list(input_shape_dict))
 
 
 # What convert_deploy passes every deploy function registered MQBench's way (besides the model);
@@ -190,9 +142,10 @@ def convert_onnx(
 ) -> tuple[onnx.ModelProto, QParamTable, list[str], list[str]]:
     """Export a merged, frozen model and strip it: (float model, table, input names, output names).
 
-    With ``onnx_model_path`` (MQBench's deploy step), ``model`` may still hold its fake quantizers
-    (after :func:`convert_merge_bn`): they are frozen on a copy, and the Q/DQ model is written to
-    ``onnx_model_path``, where ``mqbench.deploy.remove_fakequantize_and_collect_params`` reads it.
+    ``dummy_input`` takes the forms :func:`convert_deploy` takes. With ``onnx_model_path`` (MQBench's
+    deploy step), ``model`` may still hold its fake quantizers (after :func:`convert_merge_bn`): they
+    are frozen on a copy, and the Q/DQ model is written to ``onnx_model_path``, where
+    ``mqbench.deploy.remove_fakequantize_and_collect_params`` reads it.
     """
     for key in STEP_KWARGS:
         extra_kwargs.pop(key, None)
@@ -207,11 +160,21 @@ def convert_onnx(
         save_model(qdq_model, onnx_model_path)
         remember_export(onnx_model_path, float_model, qdq_model, table, input_names, output_names)
         return float_model, table, input_names, output_names
-    args, names = _example_inputs(input_shape_dict, dummy_input, model)
+    return _convert_onnx(model, _example_inputs(input_shape_dict, dummy_input, model), extra_kwargs)
+
+
+def _convert_onnx(
+    model: nn.Module, inputs: ModelInputs, extra_kwargs: dict[str, Any]
+) -> tuple[onnx.ModelProto, QParamTable, list[str], list[str]]:
+    names = inputs.names
+    extra_kwargs = dict(extra_kwargs)
     user_names = extra_kwargs.pop("input_names", None)
     if user_names is not None:
-        if len(user_names) != len(args):
-            raise ValueError(f"input_names has {len(user_names)} names for {len(args)} inputs")
+        if len(user_names) != len(inputs.tensors):
+            raise ValueError(
+                f"input_names has {len(user_names)} names for {len(inputs.tensors)} inputs (the tensors of "
+                f"dummy_input, in order: {names})"
+            )
         names = list(user_names)
     captured = getattr(model, DYNAMIC_AXES, None)
     if captured and "dynamic_axes" not in extra_kwargs:
@@ -219,23 +182,30 @@ def convert_onnx(
         kept = list(captured.values())
         axes = {name: kept[i] for i, name in enumerate(names) if i < len(kept) and kept[i]}
         extra_kwargs = {**extra_kwargs, "dynamic_axes": axes}
+    structure = inputs.structure if inputs.structured else None
+    shown = describe(inputs.args)
     try:
-        exported = export_marked(model, args, names, **extra_kwargs)
+        exported = export_marked(model, tuple(inputs.tensors), names, structure=structure, **extra_kwargs)
     except torch.onnx.errors.OnnxExporterError as error:  # an op of the model ONNX export cannot write
         message = str(error).splitlines()[0] if str(error) else type(error).__name__
         message = message.split(" Please feel free")[0]
         raise NotImplementedError(
-            f"the model cannot be written as ONNX for inputs of shapes {[list(a.shape) for a in args]}: {message} "
+            f"the model cannot be written as ONNX for {shown}: {message} "
             "Change that op of the model (or the input shape it is deployed for), or exclude it from quantization "
             "and deploy the rest"
         ) from None
     except RuntimeError as error:
         message = str(error).splitlines()[0] if str(error) else type(error).__name__
-        raise RuntimeError(
-            f"ONNX export failed for inputs of shapes {[list(a.shape) for a in args]}: {message}"
-        ) from error
+        raise RuntimeError(f"ONNX export failed for {shown}: {message}") from error
     float_model, table = strip_quantizers(exported)
     return float_model, table, exported.input_names, exported.output_names
+
+
+def _signature(model: nn.Module) -> str:
+    try:
+        return str(inspect.signature(model.forward))
+    except (TypeError, ValueError):
+        return ""
 
 
 def _create_folder(folder: Path) -> list[Path]:
@@ -327,9 +297,22 @@ def convert_deploy(
 ) -> DeployResult:
     """Deploy ``model`` (prepared, calibrated or trained) for ``backend_type``; see the module docstring.
 
-    ``dummy_input`` is a tensor, a tuple of tensors, a tuple ending in a dict of keyword inputs
-    (``(dict(encoded_input),)``, as ``torch.onnx.export`` takes: the dict's entries are the
-    forward's keyword inputs and name the ONNX inputs), or a dict of name -> tensor.
+    ``dummy_input`` is how the model is called (:mod:`mqbench.deploy.inputs` gives the rules); each
+    of its tensors, in order, is one ONNX input:
+
+    * a tensor, or a tuple of tensors (the positional arguments; inputs ``input_0``, ...);
+    * ``torch.onnx.export``'s ``(*args, kwargs)``: positional arguments that may be dicts, tuples
+      or lists of tensors, then a dict of keyword inputs, possibly empty: ``({"image": t}, {})``
+      for ``forward(self, batch)``, ``(dict(encoded_input),)`` for ``forward(self, input_ids,
+      attention_mask)``; a last dict whose keys name no parameter is the forward's one required
+      argument (``({"image": t},)``);
+    * a dict: the keyword inputs where its keys are the forward's parameters; the value of the one
+      required argument where they are not (a detector's ``batch``); for a forward that reads its
+      argument as a tensor, input name -> tensor (``{"pixels": x}``).
+
+    A dict's tensors name their ONNX inputs after its keys (``image``; nested dicts after the
+    innermost key), keyword inputs after their parameters (``result.input_names``).
+    ``verify_deploy`` takes its inputs in the same forms, or as a dict of those input names.
 
     Artifacts are written to a scratch folder inside ``output_path`` and moved into place only
     when every step succeeded, so a failure leaves no partial set behind (and removes
@@ -392,20 +375,24 @@ def _deploy(
             f"@register_deploy_function({spec.name!r}, {missing[0]!r})"
         )
     merged = merge_bn(model)
-    example, _ = _example_inputs(input_shape_dict, dummy_input, merged)
+    example = _example_inputs(input_shape_dict, dummy_input, merged)
     try:
-        integer = integer_quantizers(merged, example)
-    except (RuntimeError, TypeError, ValueError, IndexError) as error:
+        integer = integer_quantizers(merged, example.args)
+    except (RuntimeError, TypeError, ValueError, IndexError, KeyError, AttributeError) as error:
         message = str(error).splitlines()[0] if str(error) else type(error).__name__
-        raise RuntimeError(
-            f"the model does not run on inputs of shapes {[list(a.shape) for a in example]}: {message}"
-        ) from error
+        if isinstance(error, (KeyError, AttributeError)):
+            message = f"{type(error).__name__}: {message}"
+        hint = ""
+        if example.structured or isinstance(error, (KeyError, AttributeError)):
+            hint = (
+                f"; give dummy_input as the model's forward{_signature(merged)} takes it (see convert_deploy's "
+                "docstring for the forms)"
+            )
+        raise RuntimeError(f"the model does not run on {describe(example.args)}: {message}{hint}") from error
     for name in integer:  # they pass integers through: no quantizer there
         set_submodule(merged, name, nn.Identity())
     deployed = freeze_quantizers(merged)
-    float_model, table, input_names, output_names = convert_onnx(
-        deployed, input_shape_dict, dummy_input, **extra_kwargs
-    )
+    float_model, table, input_names, output_names = _convert_onnx(deployed, example, extra_kwargs)
     qdq_model, dequantized = insert_qdq(float_model, table)
     scratch = Path(tempfile.mkdtemp(prefix=".mqbench-deploy-", dir=folder))
     try:
@@ -447,7 +434,17 @@ def _deploy(
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     _warn_if_this_cpu_differs(spec, artifacts, table, float_model, qlinear_weight_type)
-    return DeployResult(spec.name, model_name, artifacts, table, input_names, output_names, dequantized, spec=spec)
+    return DeployResult(
+        spec.name,
+        model_name,
+        artifacts,
+        table,
+        input_names,
+        output_names,
+        dequantized,
+        spec=spec,
+        input_structure=example.structure,
+    )
 
 
 def _files(folder: Path) -> dict[Path, int]:

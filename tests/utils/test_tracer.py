@@ -252,6 +252,27 @@ def test_dict_inputs_and_nested_outputs(backend, capture):
 
 
 @pytest.mark.parametrize("capture", ["fx", "export"])
+def test_a_dict_whose_keys_cannot_be_argument_names_stays_one_argument(capture):
+    """A key such as "rgb-image" is no Python name: the prepared forward keeps the dict whole, ``forward(batch)``."""
+
+    class Keyed(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = nn.Conv2d(3, 4, 1)
+
+        def forward(self, batch: dict):
+            return self.conv(batch["rgb-image"]) * batch["weight"]
+
+    model = Keyed().eval()
+    batch = {"rgb-image": torch.randn(2, 3, 4, 4), "weight": torch.rand(2, 4, 1, 1)}
+    gm = prepare_by_platform(model, "tensorrt", _captured_by(capture, (batch,)))
+    assert list(inspect.signature(gm.forward).parameters) == ["batch"]
+    disable_all(gm)
+    with torch.no_grad():
+        torch.testing.assert_close(gm(batch), model(batch))
+
+
+@pytest.mark.parametrize("capture", ["fx", "export"])
 def test_tuple_inputs_and_outputs(capture):
     class Pair(nn.Module):
         def __init__(self) -> None:

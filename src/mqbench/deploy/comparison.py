@@ -198,7 +198,7 @@ def simulation_copy(qmodel: nn.Module) -> nn.Module:
 
 def simulate(
     model: nn.Module,
-    inputs: Sequence[Tensor],
+    inputs: Sequence[Any],
     forced: Forced | None = None,
     unrounded: Mapping[tuple[str, int], tuple[float, float]] | None = None,
     receive: Collection[tuple[str, int]] = (),
@@ -236,7 +236,8 @@ def simulate(
             handles.append(module.register_forward_hook(hook))
     try:
         with torch.no_grad():  # on copies: a model that writes into its inputs must not change the caller's
-            flat, _ = pytree.tree_flatten(model(*(t.clone() if isinstance(t, Tensor) else t for t in inputs)))
+            copies = pytree.tree_map_only(Tensor, torch.clone, tuple(inputs))
+            flat, _ = pytree.tree_flatten(model(*copies))
     finally:
         for handle in handles:
             handle.remove()
@@ -295,7 +296,7 @@ class VerifyRun:
     """The simulation model, the inputs and the free-running simulation (for the end-to-end outputs)."""
 
     model: nn.Module
-    inputs: list[Tensor]
+    inputs: list[Any]  # the model's positional arguments (tensors, or dicts / tuples / lists of them)
     free: Simulation
     host: bool  # also run each artifact as this host's runtime serves it
     tolerance: float

@@ -28,6 +28,8 @@ class DeployResult:
     output_names: list[str]
     dequantized: dict[str, str] = field(default_factory=dict)  # tensor -> its dequantized name in `onnx`
     spec: BackendSpec | None = field(default=None, repr=False, compare=False)  # the backend deployed for
+    # how the model is called on the inputs (a pytree spec of its positional arguments; None: one tensor each)
+    input_structure: Any = field(default=None, repr=False, compare=False)
 
     @property
     def backend_spec(self) -> BackendSpec:

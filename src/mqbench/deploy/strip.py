@@ -58,14 +58,22 @@ class ExportedGraph:
 
 
 class _Marked(nn.Module):
-    def __init__(self, model: nn.Module) -> None:
+    """The model called on its inputs' tensors (one ONNX input each), rebuilt into the structure it takes."""
+
+    def __init__(self, model: nn.Module, structure: pytree.TreeSpec | None = None) -> None:
         super().__init__()
         self.model = model
+        self.structure = structure
         self.calls: list[tuple[FrozenQuantizer, Tensor, Tensor]] = []
+
+    def arguments(self, tensors: Sequence[Tensor]) -> tuple[Any, ...]:
+        if self.structure is None:
+            return tuple(tensors)
+        return tuple(pytree.tree_unflatten(list(tensors), self.structure))
 
     def forward(self, *args: Any) -> tuple[Tensor, ...]:
         self.calls.clear()
-        outputs = self.model(*args)
+        outputs = self.model(*self.arguments(args))
         flat, _ = pytree.tree_flatten(outputs)
         tensors = [t for t in flat if isinstance(t, Tensor)]
         marks = [t for _, x, y in self.calls for t in (x, y)]
@@ -73,11 +81,18 @@ class _Marked(nn.Module):
 
 
 def export_marked(
-    model: nn.Module, args: tuple[Tensor, ...], input_names: Sequence[str], **export_kwargs: Any
+    model: nn.Module,
+    args: tuple[Tensor, ...],
+    input_names: Sequence[str],
+    structure: pytree.TreeSpec | None = None,
+    **export_kwargs: Any,
 ) -> ExportedGraph:
-    """Export ``model`` (frozen) with the quantizer marks; ``export_kwargs`` go to ``torch.onnx.export``."""
+    """Export ``model`` (frozen) with the quantizer marks; ``export_kwargs`` go to ``torch.onnx.export``.
+
+    ``args`` are the input tensors (one ONNX input each, named ``input_names``); ``structure`` (a pytree spec
+    of the forward's positional arguments) rebuilds the dicts, tuples and lists the model takes from them."""
     frozen = [m for m in model.modules() if isinstance(m, FrozenQuantizer)]
-    wrapper = _Marked(model)
+    wrapper = _Marked(model, structure)
 
     def tap(quantizer: FrozenQuantizer, x: Tensor, y: Tensor) -> None:
         # Clones: an in-place op after the quantizer (Hardswish(inplace=True)) must not change the marks.
@@ -87,7 +102,7 @@ def export_marked(
         quantizer.tap = tap
     try:
         with torch.no_grad():
-            flat, _ = pytree.tree_flatten(model(*args))
+            flat, _ = pytree.tree_flatten(model(*wrapper.arguments(args)))
         count = sum(isinstance(t, Tensor) for t in flat)
         marks = [quantizer for quantizer, _, _ in wrapper.calls]
         user_outputs = list(export_kwargs.pop("output_names", None) or [])

@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 import onnx
-from torch import Tensor, nn
+from torch import nn
 
 from mqbench.deploy.comparison import (
     ArtifactReport,
@@ -51,6 +51,7 @@ from mqbench.deploy.comparison import (
     simulation_copy,
 )
 from mqbench.deploy.functions import deploy_functions
+from mqbench.deploy.inputs import resolve_inputs
 from mqbench.deploy.qdq import insert_qdq
 from mqbench.deploy.reference import run_reference
 from mqbench.deploy.writers import FORMATS, READERS
@@ -232,7 +233,7 @@ def _check_shapes(result: Any, feeds: Mapping[str, np.ndarray]) -> None:
 def verify_deploy(
     qmodel: nn.Module,
     result: Any,
-    inputs: Tensor | Sequence[Tensor] | Mapping[str, Tensor],
+    inputs: Any,
     artifacts: Sequence[str] | None = None,
     reference: bool = False,
     host: bool = True,
@@ -247,28 +248,26 @@ def verify_deploy(
     None (default) where a host verdict parts from the simulation, to explain it (the QLinear
     graph's prediction comes with its arithmetic and is always given). Inputs keep their dtype
     (token ids stay int64); float inputs take the deployment's float type.
+
+    ``inputs`` is the model's call in any form ``convert_deploy``'s ``dummy_input`` takes (a tensor, a tuple of
+    positional arguments that may be dicts of tensors, optionally ending in a dict of keyword inputs, a dict),
+    or a dict of the deployment's input names (``result.input_names``) -> tensor. The simulation runs ``qmodel``
+    on the structured call; the artifacts get its tensors by input name.
     """
 
-    if isinstance(inputs, Tensor):
-        args: list[Tensor] = [inputs]
-    elif isinstance(inputs, Mapping):
-        args = [inputs[name] for name in result.input_names]
-    else:
-        args = list(inputs)
-    if len(args) != len(result.input_names):
-        raise ValueError(f"the deployment has inputs {result.input_names}; got {len(args)} input tensor(s)")
-    for name, tensor in zip(result.input_names, args, strict=True):
-        if isinstance(tensor, Tensor) and tensor.is_floating_point() and not bool(tensor.isfinite().all()):
+    call, tensors = resolve_inputs(qmodel, result, inputs)
+    for name, tensor in zip(result.input_names, tensors, strict=True):
+        if tensor.is_floating_point() and not bool(tensor.isfinite().all()):
             bad = int((~tensor.isfinite()).sum())
             raise ValueError(
                 f"input {name!r} has {bad} non-finite value(s) (NaN or inf): quantized and float arithmetic give no "
                 "comparable result on them; verify with finite inputs (e.g. the calibration data)"
             )
-    feeds = feeds_for(result, args)
+    feeds = feeds_for(result, tensors)
     _check_shapes(result, feeds)
     model = simulation_copy(qmodel)
     spec = result.backend_spec
-    run = VerifyRun(model, args, simulate(model, args), host, spec.lsb_tolerance, spec.served_on_cpu, predict)
+    run = VerifyRun(model, list(call), simulate(model, call), host, spec.lsb_tolerance, spec.served_on_cpu, predict)
     readable = [k for k in result.artifacts if _runner(k) is not None or _reader(result.backend, k) is not None]
     keys = readable if artifacts is None else list(artifacts)
     reports: dict[str, ArtifactReport] = {}

@@ -50,7 +50,7 @@ import torch.utils._pytree as pytree
 from torch import fx, nn
 
 from mqbench.utils.hf_capture import masks_without_vmap
-from mqbench.utils.tracer import TracingError, dict_input, trace
+from mqbench.utils.tracer import TracingError, _usable_name, dict_input, trace
 
 __all__ = [
     "CAPTURES",
@@ -604,7 +604,7 @@ def _user_inputs(
     for top, members in groups.items():  # every placeholder first, in the order of the arguments
         if len(members) == 1 and not members[0][1]:  # a tensor argument
             holders[top] = ("tensor", [graph.placeholder(members[0][0].name)])
-        elif top == last and all(len(rest) == 1 and isinstance(rest[0], pytree.MappingKey) for _, rest in members):
+        elif top == last and _keyed_by_names(members):
             keys = [str(typing.cast(pytree.MappingKey, rest[0]).key) for _, rest in members]
             holders[top] = ("dict", [graph.placeholder(keys[0])])
             holders[top][1].extend(graph.placeholder(key, default_value=None) for key in keys[1:])
@@ -632,6 +632,14 @@ def _user_inputs(
     for node, value in values.items():
         value.meta["val"] = node.meta.get("val")  # its dtype: placement skips integer inputs
     return values
+
+
+def _keyed_by_names(members: Sequence[tuple[fx.Node, tuple[Any, ...]]]) -> bool:
+    """Whether an argument is a dict of tensors whose keys can be parameter names (as fx splits one: a key such
+    as ``"rgb-image"`` cannot, and the dict stays one argument, indexed)."""
+    keys = [rest[0].key for _, rest in members if len(rest) == 1 and isinstance(rest[0], pytree.MappingKey)]
+    usable = all(isinstance(key, str) and _usable_name(key, set()) for key in keys)
+    return len(keys) == len(members) and usable and len(set(keys)) == len(keys)
 
 
 def _structured(flat: list[Any], spec: Any, graph: fx.Graph, root: nn.Module) -> Any:
