@@ -322,6 +322,15 @@ def render_markdown(results: dict[str, Any]) -> str:
     lines += ["", f"Verdict: {'passed' if verify['passed'] else 'FAILED'}.", ""]
     if verify["failures"]:
         lines += [*[f"- {line}" for line in verify["failures"]], ""]
+    fidelity = results.get("simulation_vs_float")
+    if fidelity:
+        shown = ", ".join(
+            f"{o['name']} {'exact' if o['sqnr_db'] is None else _db(o['sqnr_db']) + ' dB'} (cosine {o['cosine']:.4f})"
+            for o in fidelity["outputs"]
+        )
+        lines += [f"The simulation against the float model on these samples: {shown}.", ""]
+        if fidelity["warning"]:
+            lines += [f"**Warning**: {fidelity['warning']}", ""]
     lines += [
         results["host"],
         "",

@@ -376,6 +376,7 @@ def _execute(
             "deployed_artifact": artifact,
         },
         "verify": _verify_summary(check, len(samples)),
+        "simulation_vs_float": report.fidelity.to_dict() if report.fidelity is not None else None,
         "layer_errors": errors,
         "artifacts": {key: str(path) for key, path in check.result.artifacts.items()},
         "seconds": run.seconds,

@@ -31,13 +31,16 @@ Example:
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import onnx
-from torch import nn
+import torch
+import torch.utils._pytree as pytree
+from torch import Tensor, nn
 
 from mqbench.deploy.comparison import (
     ArtifactReport,
@@ -56,6 +59,7 @@ from mqbench.deploy.qdq import insert_qdq
 from mqbench.deploy.reference import run_reference
 from mqbench.deploy.writers import FORMATS, READERS
 from mqbench.qparams import QParamTable, TensorQParams
+from mqbench.utils.fidelity import Fidelity, simulation_fidelity
 from mqbench.utils.host import host_facts
 
 __all__ = ["ArtifactReport", "HostReport", "TensorDiff", "VerifyReport", "simulate", "verify_deploy"]
@@ -75,6 +79,7 @@ class VerifyReport:
     artifacts: dict[str, ArtifactReport]
     host_facts: dict[str, Any] = field(default_factory=dict)
     tolerance: float = 1
+    fidelity: Fidelity | None = None  # the simulation against the float model on the same inputs
 
     def failures(self) -> list[str]:
         """One line per failed verdict: artifact, verdict, worst tensors; for the host also cause and remedy."""
@@ -137,6 +142,8 @@ class VerifyReport:
             if art.host is not None and art.host.predicted:
                 shown = ", ".join(list(art.host.predicted)[:4]) + (" ..." if len(art.host.predicted) > 4 else "")
                 lines.append(f"{'':<16} without VNNI {len(art.host.predicted)} layer(s) would saturate: {shown}")
+        if self.fidelity is not None:
+            lines.append(self.fidelity.summary())
         return "\n".join(lines)
 
     def __str__(self) -> str:
@@ -238,8 +245,14 @@ def verify_deploy(
     reference: bool = False,
     host: bool = True,
     predict: bool | None = None,
+    fidelity: bool = True,
 ) -> VerifyReport:
     """Compare every runnable artifact of ``result`` (a DeployResult) with ``qmodel``'s simulation on ``inputs``.
+
+    With ``fidelity`` (default) the report also says how far the simulation is from the float model on the
+    same inputs (``report.fidelity``: per output and per quantizer, :mod:`mqbench.utils.fidelity`), and a
+    simulation far from float warns, naming the worst quantizers and the remedies: a passing verification
+    means the files compute the simulation, not that the simulation is close to float.
 
     ``artifacts`` limits the keys checked (default: every artifact with a runtime or a reader);
     ``reference=True`` also runs the integer reference executor on the Q/DQ model; ``host=False``
@@ -283,4 +296,11 @@ def verify_deploy(
             raise ValueError(f"no runtime or reader checks {key!r}")
     if reference:
         reports["reference"] = _verify_reference(result, feeds, run)
-    return VerifyReport(result.backend, reports, host_facts(), spec.lsb_tolerance)
+    report = VerifyReport(result.backend, reports, host_facts(), spec.lsb_tolerance)
+    if fidelity:
+        copies = lambda: pytree.tree_map_only(Tensor, torch.clone, tuple(call))  # noqa: E731
+        report.fidelity = simulation_fidelity(model, lambda m: m(*copies()))
+        message = report.fidelity.warning()
+        if message is not None:
+            warnings.warn(message, stacklevel=2)
+    return report
