@@ -38,6 +38,7 @@ from mqbench.fake_quantize.lsq import LearnableFakeQuantize
 from mqbench.fake_quantize.qdrop import QDropFakeQuantize
 from mqbench.utils.hook import DataSaverHook, StopForwardException
 from mqbench.utils.logger import logger
+from mqbench.utils.utils import USE_LINK
 
 __all__ = [
     "USE_DDP",
@@ -63,7 +64,6 @@ __all__ = [
     "to_device",
 ]
 
-USE_LINK = False  # MQBench's flag for SenseTime's "linklink" library, which this package never uses
 USE_DDP = False  # reconstruction here runs in one process (its gradients are never all-reduced)
 
 

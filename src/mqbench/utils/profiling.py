@@ -50,7 +50,7 @@ import torch
 from torch import Tensor, fx, nn
 from tqdm.auto import tqdm
 
-from mqbench.advanced_ptq.mqbench_api import to_device
+from mqbench.advanced_ptq.mqbench_api import node2modules, to_device
 from mqbench.advanced_ptq.reconstruction import call_with
 from mqbench.utils.hook import StopForwardException
 from mqbench.utils.logger import logger
@@ -361,8 +361,3 @@ def cosine(x: Tensor, y: Tensor) -> float:
     """The cosine similarity of two tensors, flattened."""
     x, y = x.detach().flatten().double(), y.detach().flatten().double()
     return float((x @ y) / (x.norm() * y.norm()).clamp_min(1e-30))
-
-
-def node2modules(name2modules: dict[str, nn.Module], nodes: Sequence[fx.Node]) -> dict[fx.Node, nn.Module]:
-    """The module each ``call_module`` node of ``nodes`` calls."""
-    return {node: name2modules[str(node.target)] for node in nodes if node.op == "call_module"}
