@@ -104,10 +104,17 @@ class _AbsHistogramObserver(ObserverBase):
         raise NotImplementedError
 
     def clip_range(self) -> tuple[Tensor, Tensor]:
+        """``[-t, t]`` for the threshold ``t`` on ``|x|``, intersected with the observed ``[min, max]`` (on an
+        affine grid a range of mostly one sign then keeps its levels on that side; symmetric grids are
+        unchanged, their scale coming from the larger magnitude)."""
         amax = torch.maximum(-self.min_val, self.max_val).clamp(min=0).reshape(-1)
         t = torch.minimum(self._threshold().float(), amax)
-        lo = torch.where(self._one_sided(), torch.zeros_like(t), -t)
-        return self._shaped(lo), self._shaped(t)
+        lo = torch.maximum(-t, self.min_val.reshape(-1).clamp(max=0))
+        hi = torch.minimum(t, self.max_val.reshape(-1).clamp(min=0))
+        if self.symmetric:
+            hi = torch.maximum(hi, -lo)
+        lo = torch.where(self._one_sided(), torch.zeros_like(t), -hi if self.symmetric else lo)
+        return self._shaped(lo), self._shaped(hi)
 
 
 class HistogramObserver(_AbsHistogramObserver):
