@@ -113,3 +113,42 @@ def test_bias_correction_removes_each_layers_mean_error():
             mean_error = (quantized - full).mean(dim=(0, 2, 3))
             typical = float((quantized - full).abs().mean())
             assert float(mean_error.abs().max()) < 1e-5 * max(1.0, typical), name  # float32 sums of 2048 values
+
+
+def test_bias_correction_over_batches_of_different_shapes():
+    """Batches that cannot be joined run one after another: the first layer (whose input no correction
+    changes) gets exactly the mean error over all batches; the second one's error shrinks."""
+    torch.manual_seed(0)
+    model = Pair(depthwise=False).eval()
+    with torch.no_grad():
+        model.first.weight.add_(0.02)
+    images = [torch.randn(16, 3, size, size) + 0.5 for size in (6, 8, 10)]
+    qmodel = calibrated(model, images[1])
+    convs = {name: qmodel.get_submodule(name) for name in ("first", "second")}
+    original = {name: conv.bias.detach().clone() for name, conv in convs.items()}
+    inputs: dict[str, list[torch.Tensor]] = {"first": [], "second": []}
+    for name, conv in convs.items():
+        conv.register_forward_pre_hook(lambda m, a, name=name: inputs[name].append(a[0]))
+
+    def mean_error(name: str, bias: torch.Tensor) -> torch.Tensor:
+        conv = convs[name]
+        args = (conv.stride, conv.padding, conv.dilation, conv.groups)
+        errors = []
+        for x in inputs[name]:
+            quantized = F.conv2d(x, conv.weight_fake_quant(conv.weight), bias, *args)
+            errors.append((quantized - F.conv2d(x, conv.weight, original[name], *args)).flatten(2))
+        return torch.cat([e.transpose(0, 1).reshape(e.shape[1], -1) for e in errors], dim=1).mean(1)
+
+    with torch.no_grad():
+        for batch in images:
+            qmodel(batch)
+        before = {name: mean_error(name, original[name]) for name in convs}
+    bias_correction(qmodel, images)
+    inputs = {"first": [], "second": []}
+    with torch.no_grad():
+        for batch in images:
+            qmodel(batch)
+        after = {name: mean_error(name, convs[name].bias.detach()) for name in convs}
+    assert float(before["first"].abs().max()) > 1e-3
+    assert float(after["first"].abs().max()) < 1e-5 * max(1.0, float(before["first"].abs().max()))
+    assert float(after["second"].abs().max()) < 0.5 * float(before["second"].abs().max())
