@@ -279,3 +279,22 @@ def test_bad_arguments() -> None:
         PercentileObserver(percentile=0.0)
     with pytest.raises(ValueError, match="stride"):
         KLDObserver(stride=0)
+
+
+@pytest.mark.parametrize("cls", [PercentileObserver, KLDObserver])
+def test_an_affine_grid_keeps_the_observed_side_of_a_mostly_positive_range(cls):
+    """Values in [-0.1, 10] with a few outliers: on an affine grid the clip is [max(min, -t), min(max, t)]
+    (not [-t, t], which would spend half the levels on negative values never seen); a symmetric grid
+    keeps [-t, t]."""
+    torch.manual_seed(0)
+    x = torch.rand(200_000) * 10.0 - 0.1
+    x[:3] = 400.0
+    affine = cls(dtype=torch.quint8, qscheme=torch.per_tensor_affine, quant_min=0, quant_max=255)
+    symmetric = cls(dtype=torch.qint8, qscheme=torch.per_tensor_symmetric, quant_min=-128, quant_max=127)
+    affine(x)
+    symmetric(x)
+    lo, hi = affine.clip_range()
+    s_lo, s_hi = symmetric.clip_range()
+    assert float(lo) == pytest.approx(float(x.min()), abs=1e-6)  # the observed minimum, not -t
+    assert 9.0 < float(hi) < 400.0  # clipped below the outliers
+    assert float(s_lo) == -float(s_hi) and float(s_hi) == pytest.approx(float(hi), rel=1e-6)
