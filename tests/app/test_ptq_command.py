@@ -17,7 +17,9 @@ import yaml
 
 from mqbench.advanced_ptq import restore_smoothing
 from mqbench.app.config import ConfigError, load_config, parse_config
+from mqbench.app.ptq import ptq_recipe
 from mqbench.app.runs import RunFolder
+from mqbench.backends import ParamsTable, PTQRecipe
 from mqbench.cli import main
 from mqbench.data import load_digits_split
 from mqbench.models.zoo import digits_rgb, zoo_model
@@ -59,11 +61,25 @@ def test_mqbench_s_application_layout_loads_with_its_reconstruction_keys():
             r"quantize\.quantize_type is advanced_ptq but quantize\.reconstruction is",
         ),
         ([1, 2], r"a configuration is a mapping of sections, got list"),
+        (
+            {"quantize": {"recipe": {"equalise": True}}},
+            r"'quantize\.recipe' must be null \(the backend's recipe\), plain, or a mapping of activation_observer",
+        ),
+        ({"quantize": {"recipe": {"bias_correction": "yes"}}}, r"'quantize\.recipe' must be null"),
     ],
 )
 def test_every_key_is_checked_with_the_file_the_key_and_the_valid_choices(raw, message):
     with pytest.raises(ConfigError, match=r"^my\.yaml: " + message):
         parse_config(raw, "my.yaml")
+
+
+def test_the_calibration_recipe_is_the_backend_s_plain_or_the_configured_one():
+    qmodel = prepare_by_platform(torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU()).eval(), "snpe")
+    assert ptq_recipe(None, qmodel) == ParamsTable["snpe"].ptq_recipe
+    assert ptq_recipe("plain", qmodel) == PTQRecipe()
+    assert ptq_recipe({"equalize": True}, qmodel) == PTQRecipe(equalize=True)
+    with pytest.raises(ConfigError, match=r"quantize\.recipe\.activation_observer: .*unknown observer 'Percentile'"):
+        ptq_recipe({"activation_observer": "Percentile"}, qmodel)
 
 
 def test_a_missing_or_broken_file_is_named(tmp_path):
@@ -369,6 +385,7 @@ def test_mqbench_s_min_max_config_runs_and_a_qat_config_is_sent_to_mqbench_qat(t
     assert main(["ptq", "--config", str(config), "--output", str(run), "--quiet"]) == 0
     results = json.loads((run / "results.json").read_text())
     assert results["method"] == "naive_ptq" and results["verify"]["passed"]
+    assert results["recipe"] == ParamsTable["academic"].ptq_recipe.describe() == "plain calibration"
     assert yaml.safe_load((run / "config.yaml").read_text())["quantize"]["quantize_type"] == "naive_ptq"
     config.write_text(MQBENCH_MIN_MAX.replace("quantize_type: ptq", "quantize_type: qat"))
     with pytest.raises(SystemExit) as exit_info:

@@ -31,6 +31,8 @@ and the valid choices. Missing sections and keys take the defaults below.
       cali_batchsize: 4         # calibration batches (of data.batch_size)
       backend: Academic
       reconstruction: {...}     # advanced_ptq: ptq_reconstruction's config
+      recipe: null              # mqbench: calibration recipe: null (the backend's ptq_recipe), plain, or
+                                # {activation_observer: PercentileObserver, equalize: true, bias_correction: true}
       deploy: {model_name: model, output_path: null, deploy_to_qlinear: false}
       verify_samples: 32        # mqbench: validation samples verify_deploy compares on
     extra_prepare_dict: {...}   # prepare_by_platform's prepare_custom_config_dict
@@ -122,6 +124,7 @@ DEFAULTS: dict[str, Any] = {
         "cali_batchsize": 4,
         "backend": "Academic",
         "reconstruction": None,
+        "recipe": None,
         "deploy": {"model_name": "model", "output_path": None, "deploy_to_qlinear": False},
         "verify_samples": 32,
     },
@@ -193,6 +196,16 @@ def _mapping(value: Any) -> bool:
     return isinstance(value, Mapping)
 
 
+def _recipe(value: Any) -> bool:
+    if value is None or value == "plain":
+        return True
+    if not isinstance(value, dict) or not set(value) <= {"activation_observer", "equalize", "bias_correction"}:
+        return False
+    observer = value.get("activation_observer")
+    flags = [value.get(key, False) for key in ("equalize", "bias_correction")]
+    return (observer is None or isinstance(observer, str)) and all(isinstance(flag, bool) for flag in flags)
+
+
 def _three_floats(value: Any) -> bool:
     return (
         isinstance(value, list | tuple)
@@ -256,6 +269,11 @@ _CHECKS: dict[str, dict[str, tuple[Callable[[Any], bool], str]]] = {
         "cali_batchsize": (_positive_int, "a positive integer (number of calibration batches)"),
         "backend": (lambda v: isinstance(v, str) and bool(v), "a backend name (mqbench backends lists them)"),
         "reconstruction": (lambda v: v is None or _mapping(v), "a mapping (ptq_reconstruction's config)"),
+        "recipe": (
+            _recipe,
+            "null (the backend's recipe), plain, or a mapping of activation_observer (an observer name or null), "
+            "equalize and bias_correction (true or false)",
+        ),
         "deploy": (_mapping, "a mapping with model_name, output_path, deploy_to_qlinear"),
         "verify_samples": (_positive_int, "a positive integer"),
     },

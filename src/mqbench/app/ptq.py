@@ -1,7 +1,7 @@
 """``mqbench ptq --config FILE --output DIR``: post-training quantization of the configured model.
 
 Calibration on ``quantize.cali_batchsize`` training batches (MQBench's order: activations, then
-weights; the backend's outlier recipe first, see :func:`~mqbench.advanced_ptq.calibrate`) for
+weights; with the backend's recipe, or ``quantize.recipe``'s, see :func:`~mqbench.advanced_ptq.calibrate`) for
 ``quantize_type: naive_ptq``; then :func:`~mqbench.advanced_ptq.ptq_reconstruction` with
 ``quantize.reconstruction`` for ``advanced_ptq``. Deployment, verification, the run folder and the
 report are :mod:`mqbench.app.runs`'.
@@ -11,16 +11,35 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
-from torch import nn
+from torch import fx, nn
 from tqdm.auto import tqdm
 
 from mqbench.advanced_ptq import calibrate, ptq_reconstruction
+from mqbench.advanced_ptq.calibration import recipe_of
 from mqbench.app.config import ConfigError
 from mqbench.app.runs import Run, execute
+from mqbench.backends import PTQRecipe
+from mqbench.observer import ObserverDict
 
-__all__ = ["quantize_ptq", "run_ptq", "run_ptq_with_handles"]
+__all__ = ["ptq_recipe", "quantize_ptq", "run_ptq", "run_ptq_with_handles"]
+
+
+def ptq_recipe(value: Any, qmodel: nn.Module) -> PTQRecipe:
+    """``quantize.recipe``: None, the recipe of the backend the model was prepared for; ``"plain"``; or a mapping
+    of :class:`~mqbench.backends.PTQRecipe`'s fields."""
+    if value is None:
+        return recipe_of(cast(fx.GraphModule, qmodel))
+    if value == "plain":
+        return PTQRecipe()
+    observer = value.get("activation_observer")
+    if observer is not None:
+        try:
+            ObserverDict.resolve(observer)
+        except KeyError as error:
+            raise ConfigError(f"quantize.recipe.activation_observer: {error.args[0]}") from None
+    return PTQRecipe(**value)
 
 
 def quantize_ptq(run: Run, model: nn.Module) -> nn.Module:
@@ -34,13 +53,15 @@ def quantize_ptq(run: Run, model: nn.Module) -> nn.Module:
     started = time.perf_counter()
     qmodel = run.prepare(model)
     calibration = run.calibration_batches()
-    calibrate(qmodel, tqdm(calibration, desc="calibration", disable=run.quiet, leave=False))
+    recipe = ptq_recipe(quantize.get("recipe"), qmodel)
+    run.extra["recipe"] = recipe.describe()
+    calibrate(qmodel, tqdm(calibration, desc="calibration", disable=run.quiet, leave=False), recipe=recipe)
     run.seconds["calibration"] = time.perf_counter() - started
     if quantize["quantize_type"] == "advanced_ptq":
         started = time.perf_counter()
-        recipe = dict(quantize["reconstruction"])
-        recipe.setdefault("progress", not run.quiet)
-        ptq_reconstruction(qmodel, calibration, recipe)
+        reconstruction = dict(quantize["reconstruction"])
+        reconstruction.setdefault("progress", not run.quiet)
+        ptq_reconstruction(qmodel, calibration, reconstruction)
         run.seconds["reconstruction"] = time.perf_counter() - started
     return qmodel
 

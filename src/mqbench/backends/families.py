@@ -2,9 +2,9 @@
 
 from dataclasses import replace
 
-from mqbench.backends.spec import Placement
+from mqbench.backends.spec import Placement, PTQRecipe
 
-__all__ = ["EXPLICIT", "INTEGER_OPS", "QLINEAR", "TOTAL_INT"]
+__all__ = ["CLIPPED", "EXPLICIT", "INTEGER_OPS", "PER_TENSOR_WEIGHTS", "QLINEAR", "TOTAL_INT"]
 
 # Ops that integer hardware runs quantized.
 INTEGER_OPS = frozenset({"conv", "linear", "deconv", "pool", "add", "mul", "concat", "interpolate", "matmul"})
@@ -21,3 +21,12 @@ TOTAL_INT = Placement(
 # onnxruntime's QLinear operator set (conv + relu merged, linear, add, pooling, concat).
 QLINEAR = replace(TOTAL_INT, inputs_of=frozenset({"conv", "linear", "add", "pool", "concat"}))
 QLINEAR = replace(QLINEAR, outputs_of=QLINEAR.inputs_of)
+
+# Post-training recipes (BackendSpec.ptq_recipe), measured on ImageNet MobileNetV2 in benchmarks/real_accuracy.py.
+# 8-bit activations: clip at the 99.99th percentile of |x| instead of the running min/max, whose
+# range a few outliers (residual adds) stretch.
+CLIPPED = PTQRecipe(activation_observer="PercentileObserver")
+# Per-tensor weight grids besides: equalize the weight ranges of consecutive layers where the
+# activation between them allows it (ReLU), then correct the mean error the weights make per
+# channel (depthwise layers on a per-tensor grid shift their outputs).
+PER_TENSOR_WEIGHTS = PTQRecipe(activation_observer="PercentileObserver", equalize=True, bias_correction=True)

@@ -1,6 +1,6 @@
 """The ONNX QLinear backend: what onnxruntime's QLinear operators need, for an all-integer graph."""
 
-from mqbench.backends.families import QLINEAR
+from mqbench.backends.families import PER_TENSOR_WEIGHTS, QLINEAR
 from mqbench.backends.spec import BackendSpec, QuantizerSpec
 from mqbench.scheme import QuantScheme
 
@@ -14,4 +14,5 @@ SPEC = BackendSpec(
     description="onnxruntime QLinear operators (all-integer ONNX)",
     deploy=("qlinear_onnx",),
     served_on_cpu=True,
+    ptq_recipe=PER_TENSOR_WEIGHTS,
 )

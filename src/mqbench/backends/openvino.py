@@ -1,6 +1,6 @@
 """The OpenVINO backend: network inputs and the inputs of every int8 op; unsigned after ReLU."""
 
-from mqbench.backends.families import INTEGER_OPS
+from mqbench.backends.families import CLIPPED, INTEGER_OPS
 from mqbench.backends.spec import BackendSpec, Placement, QuantizerSpec
 from mqbench.scheme import QuantScheme
 
@@ -14,4 +14,5 @@ SPEC = BackendSpec(
     description="Intel OpenVINO, int8 with unsigned activations after ReLU",
     deploy=("openvino_onnx",),
     served_on_cpu=True,
+    ptq_recipe=CLIPPED,
 )

@@ -1,6 +1,6 @@
 """The PPL CUDA backend: all-integer with per-channel asymmetric weights."""
 
-from mqbench.backends.families import TOTAL_INT
+from mqbench.backends.families import CLIPPED, TOTAL_INT
 from mqbench.backends.spec import BackendSpec, QuantizerSpec
 from mqbench.scheme import QuantScheme
 
@@ -13,4 +13,5 @@ SPEC = BackendSpec(
     placement=TOTAL_INT,
     description="OpenPPL CUDA, all-integer int8",
     deploy=("ppl_json",),
+    ptq_recipe=CLIPPED,
 )

@@ -30,7 +30,7 @@ from mqbench.backends import (
     tensorrt_nlp,
     vitis,
 )
-from mqbench.backends.spec import BackendSpec, QuantizerSpec
+from mqbench.backends.spec import BackendSpec, PTQRecipe, QuantizerSpec
 from mqbench.scheme import QuantScheme
 from mqbench.utils.registry import Registry
 
@@ -239,6 +239,7 @@ def spec_from_params(name: str, params: Mapping[str, Any], like: str = "tensorrt
         description=f"registered through ParamsTable (placement of {like!r})",
         deploy=(),
         declared=None,
+        ptq_recipe=PTQRecipe(),  # its own observers, calibrated as they are
     )
 
 

@@ -20,7 +20,7 @@ from mqbench.observer import ObserverDict
 from mqbench.scheme import QuantScheme
 from mqbench.utils.factory import Factory
 
-__all__ = ["OP_KINDS", "BackendSpec", "Placement", "QuantizerSpec"]
+__all__ = ["OP_KINDS", "BackendSpec", "PTQRecipe", "Placement", "QuantizerSpec"]
 
 # The op kinds placement rules speak of (see mqbench.custom_quantizer.ops for how nodes map to them).
 OP_KINDS = frozenset(
@@ -160,6 +160,36 @@ class Placement:
 
 
 @dataclass(frozen=True)
+class PTQRecipe:
+    """What post-training calibration does by default on a backend (``mqbench.advanced_ptq.calibrate``,
+    ``mqbench ptq``), each step overridable there.
+
+    Attributes:
+        activation_observer: the observer the activation quantizers calibrate with where the model keeps the
+            backend's default one (an ``a_observer`` the user chose is kept); None: the default stays. The
+            running min/max suits training; after one calibration pass a clipping observer loses less.
+
+    A model with LayerNorm (a transformer, whose outlier channels must not be clipped) is calibrated
+    plainly unless a recipe is given explicitly; ``smooth_linear_inputs`` is its backend's recipe.
+        equalize: cross-layer equalization of the weights before calibrating (per-tensor weight grids).
+        bias_correction: empirical bias correction after calibrating (costs a forward pass per layer).
+    """
+
+    activation_observer: str | None = None
+    equalize: bool = False
+    bias_correction: bool = False
+
+    def describe(self) -> str:
+        parts = [f"activations calibrated with {self.activation_observer}"] if self.activation_observer else []
+        parts += [
+            text
+            for flag, text in ((self.equalize, "cross-layer equalization"), (self.bias_correction, "bias correction"))
+            if flag
+        ]
+        return ", ".join(parts) or "plain calibration"
+
+
+@dataclass(frozen=True)
 class BackendSpec:
     """Everything about one backend: default quantizers, placement and fusion.
 
@@ -190,6 +220,8 @@ class BackendSpec:
     # The bit widths its format deploys per quantizer besides the defaults' (mixed precision through
     # prepare_custom_config_dict["quantizer_bits"]); empty: one width per quantizer kind.
     mixed_precision_bits: tuple[int, ...] = ()
+    # What post-training calibration does by default (mqbench.advanced_ptq.calibrate; mqbench ptq).
+    ptq_recipe: PTQRecipe = PTQRecipe()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "deploy", tuple(self.deploy))

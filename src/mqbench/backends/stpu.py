@@ -1,6 +1,6 @@
 """The STPU backend: all-integer, symmetric [-127, 127] with fixed quantizers."""
 
-from mqbench.backends.families import TOTAL_INT
+from mqbench.backends.families import PER_TENSOR_WEIGHTS, TOTAL_INT
 from mqbench.backends.spec import BackendSpec, QuantizerSpec
 from mqbench.scheme import QuantScheme
 
@@ -15,4 +15,5 @@ SPEC = BackendSpec(
     placement=TOTAL_INT,
     description="STPU, all-integer symmetric int8",
     deploy=("stpu_json",),
+    ptq_recipe=PER_TENSOR_WEIGHTS,
 )

@@ -2,7 +2,7 @@
 
 from dataclasses import replace
 
-from mqbench.backends.families import TOTAL_INT
+from mqbench.backends.families import PER_TENSOR_WEIGHTS, TOTAL_INT
 from mqbench.backends.spec import BackendSpec, QuantizerSpec
 from mqbench.scheme import QuantScheme
 
@@ -17,4 +17,5 @@ SPEC = BackendSpec(
     placement=replace(TOTAL_INT, inputs_of=_OPS, outputs_of=_OPS, network_outputs=True),
     description="OPEN AI LAB Tengine, uint8",
     deploy=("tengine_scale",),
+    ptq_recipe=PER_TENSOR_WEIGHTS,
 )

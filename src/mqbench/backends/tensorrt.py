@@ -1,6 +1,6 @@
 """The TensorRT backend: explicit quantization (Q/DQ) in front of every int8 op."""
 
-from mqbench.backends.families import EXPLICIT
+from mqbench.backends.families import CLIPPED, EXPLICIT
 from mqbench.backends.spec import BackendSpec, QuantizerSpec
 from mqbench.scheme import QuantScheme
 
@@ -13,4 +13,5 @@ SPEC = BackendSpec(
     placement=EXPLICIT,
     description="NVIDIA TensorRT, explicit int8 quantization",
     deploy=("clip_ranges", "calib_cache"),
+    ptq_recipe=CLIPPED,
 )

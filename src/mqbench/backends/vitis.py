@@ -1,6 +1,6 @@
 """The Xilinx Vitis AI backend: power-of-two scales on the outputs of every op."""
 
-from mqbench.backends.spec import BackendSpec, Placement, QuantizerSpec
+from mqbench.backends.spec import BackendSpec, Placement, PTQRecipe, QuantizerSpec
 from mqbench.scheme import QuantScheme
 
 __all__ = ["SPEC"]
@@ -22,4 +22,5 @@ SPEC = BackendSpec(
     description="Xilinx Vitis AI DPU, power-of-two fixed point",
     deploy=("vitis_json",),
     lsb_tolerance=2,  # allowed per-tensor difference on this coarse grid
+    ptq_recipe=PTQRecipe(equalize=True, bias_correction=True),
 )

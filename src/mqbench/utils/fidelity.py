@@ -94,6 +94,8 @@ class Fidelity:
         outputs = ", ".join(f"{o.name} SQNR {_db(o.sqnr_db)} (cosine {o.cosine:.3f})" for o in far[:4])
         worst = "; ".join(f"{q.name} ({q.kind}, {_db(q.sqnr_db)})" for q in self.worst())
         remedies = [
+            "calibrate with the backend's recipe (mqbench.advanced_ptq.calibrate applies its ptq_recipe: "
+            "percentile activations, equalization and bias correction where the backend's grids need them)",
             "per-tensor weights (depthwise layers above all): cross-layer equalization "
             "(mqbench.advanced_ptq.cross_layer_equalization) or a per-channel weight scheme",
             "activations: another observer (extra_qconfig_dict a_observer: MSEObserver or PercentileObserver) or "
