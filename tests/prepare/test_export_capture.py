@@ -411,3 +411,34 @@ def test_an_exported_model_takes_reconstruction_and_mixed_widths_and_verifies(tm
     result = convert_deploy(qmodel, "academic", {"x": [4, *held_out.shape[1:]]}, output_path=tmp_path)
     report = verify_deploy(qmodel, result, held_out[:4])
     assert report.passed, report.failures()
+
+
+def test_network_outputs_inside_a_model_output_are_quantized():
+    """A Hugging Face model returns a ``ModelOutput``: captured with torch.export, the graph rebuilds it from its
+    tensors, and a backend that quantizes the network's outputs (Tengine) quantizes those tensors, not the object."""
+    from transformers.modeling_outputs import BaseModelOutputWithPooling
+
+    class Encoder(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = nn.Conv2d(3, 8, 3, padding=1)
+            self.fc = nn.Linear(8, 4)
+
+        def forward(self, x: torch.Tensor) -> BaseModelOutputWithPooling:
+            hidden = torch.relu(self.conv(x))
+            return BaseModelOutputWithPooling(last_hidden_state=hidden, pooler_output=self.fc(hidden.mean((2, 3))))
+
+    torch.manual_seed(0)
+    model, x = Encoder().eval(), torch.randn(4, 3, 8, 8)
+    qmodel = _calibrated(model, "tengine_u8", {"capture": "export", "example_inputs": (x,)}, x)
+    output = next(n for n in qmodel.graph.nodes if n.op == "output")
+    leaves = [n for n in output.all_input_nodes[0].all_input_nodes if n.op != "get_attr"]  # in the fields' order
+    assert [n.op for n in leaves] == ["call_module", "call_module"], leaves
+    with torch.no_grad():
+        out = qmodel(x)
+    assert isinstance(out, BaseModelOutputWithPooling)
+    for name, leaf in zip(("last_hidden_state", "pooler_output"), leaves, strict=True):
+        quantizer = qmodel.get_submodule(str(leaf.target))
+        codes = out[name] / quantizer.scale + quantizer.zero_point  # on the uint8 grid: integers in [0, 255]
+        assert torch.allclose(codes, codes.round(), atol=1e-3), name
+        assert float(codes.min()) >= -1e-3 and float(codes.max()) <= 255 + 1e-3, name

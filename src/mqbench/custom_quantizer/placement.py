@@ -67,7 +67,7 @@ def _is_tensor(node: fx.Node, memo: dict[fx.Node, bool]) -> bool:
     if "val" in node.meta and node.meta["val"] is not None:  # recorded by torch.export capture
         result = isinstance(node.meta["val"], torch.Tensor)
     elif (node.op == "call_method" and node.target in _NON_TENSOR_METHODS) or (
-        node.op == "call_function" and node.target is getattr
+        node.op == "call_function" and node.target in (getattr, pytree.tree_unflatten)
     ):
         result = False
     elif node.op in ("call_function", "call_method") and node.target in (operator.getitem, "__getitem__"):
@@ -97,6 +97,20 @@ def _tensor_args(node: fx.Node, memo: dict[fx.Node, bool], unique: bool = True) 
 
     fx.node.map_arg((node.args, node.kwargs), collect)
     return [n for n in (dict.fromkeys(nodes) if unique else nodes) if n.op != "get_attr" and _is_tensor(n, memo)]
+
+
+def _network_outputs(output: fx.Node, memo: dict[fx.Node, bool]) -> list[fx.Node]:
+    """The tensors a model returns, also from inside the structure it rebuilds them into (a Hugging Face
+    ``ModelOutput`` captured with torch.export is ``tree_unflatten(leaves, spec)``: the leaves are the outputs)."""
+    values: list[fx.Node] = []
+    for value in _tensor_args(output, memo) + [n for n in output.all_input_nodes if _rebuilds_structure(n)]:
+        leaves = _tensor_args(value, memo) if _rebuilds_structure(value) else [value]
+        values += [leaf for leaf in leaves if leaf not in values]
+    return values
+
+
+def _rebuilds_structure(node: fx.Node) -> bool:
+    return node.op == "call_function" and node.target is pytree.tree_unflatten
 
 
 def _has_activation_ancestor(node: fx.Node, kinds: Mapping[fx.Node, str | None], memo: dict[fx.Node, bool]) -> bool:
@@ -381,7 +395,7 @@ def plan_activation_quantizers(
                         mark(value, None)
     if placement.network_outputs:
         output = next(n for n in graph.nodes if n.op == "output")
-        for value in _tensor_args(output, tensor_memo):
+        for value in _network_outputs(output, tensor_memo):
             mark(value, output)
 
     sources = _merge_aliases(sites, modules)
