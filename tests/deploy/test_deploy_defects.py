@@ -212,3 +212,53 @@ def test_reduce_range_config_applies_where_weights_are_8_bit_linear_and_prepares
     else:
         assert config["reduce_range"] is True
         assert grids <= {(-64, 63), (0, 127)}, grids
+
+
+class TwoConvs(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.c = nn.Conv2d(3, 4, 3)
+        self.d = nn.Conv2d(4, 4, 1)
+
+    def forward(self, x):
+        return self.d(torch.relu(self.c(x)))
+
+
+@pytest.mark.parametrize("backend", ["tensorrt", "openvino"])  # backends whose last layer's output stays float
+def test_an_artifact_that_computes_nan_fails_verification_and_says_so(backend, tmp_path):
+    """NaN compares unequal to everything, so a difference measured with it is NaN and no bound catches it: verify
+    counts non-finite values on both sides and fails on any, naming the tensor."""
+    torch.manual_seed(0)
+    qmodel = calibrated(TwoConvs(), backend, [2, 3, 8, 8])
+    x = torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(1))
+    result = convert_deploy(qmodel, backend, dummy_input=x, output_path=tmp_path)
+    assert verify_deploy(qmodel, result, x, host=False).passed
+    key = "openvino_onnx" if backend == "openvino" else "onnx"
+    written = onnx.load(result.artifacts[key])
+    (bias,) = [init for init in written.graph.initializer if init.name.endswith("d.bias")]
+    values = numpy_helper.to_array(bias).copy()
+    values[0] = np.nan  # the last layer's bias: its float output channel 0 becomes NaN in the file only
+    bias.CopyFrom(numpy_helper.from_array(values, bias.name))
+    onnx.save(written, result.artifacts[key])
+    failures = verify_deploy(qmodel, result, x, host=False).failures()
+    assert any(f.startswith(f"{key}:") and "non-finite" in f for f in failures), failures
+    (line,) = [f for f in failures if f.startswith(f"{key}:")]
+    assert "72 non-finite value(s) in the runtime's result, 0 in the simulation's" in line, line  # 2 x 1 x 6 x 6
+
+
+def test_a_simulation_that_computes_nan_is_not_a_verified_result(tmp_path):
+    class LogOfConv(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.c = nn.Conv2d(3, 4, 3)
+
+        def forward(self, x):
+            return torch.log(self.c(x))  # NaN wherever the convolution is negative, in the simulation and the file
+
+    torch.manual_seed(0)
+    qmodel = calibrated(LogOfConv(), "tensorrt", [2, 3, 8, 8])
+    x = torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(1))
+    result = convert_deploy(qmodel, "tensorrt", dummy_input=x, output_path=tmp_path)
+    failures = verify_deploy(qmodel, result, x, host=False).failures()
+    assert failures, "a NaN output compared equal to itself"
+    assert all("non-finite" in f and "in the simulation's" in f for f in failures), failures

@@ -77,6 +77,8 @@ class TensorDiff:
     # a float tensor: the largest difference beyond what near-tie roundings of the quantized tensors it is computed
     # from, which the runtime does not expose, can explain (None: not measured; see explain_ties)
     unexplained: float | None = None
+    # NaN or inf values: (in the runtime's tensor, in the simulation's); the differences above are of the finite rest
+    nonfinite: tuple[int, int] = (0, 0)
 
     def float_mismatch(self) -> bool:
         """For a float tensor (no quantizer): off by more than float32 arithmetic explains.
@@ -148,7 +150,8 @@ class ArtifactReport:
     def diverging(self, tolerance: float) -> list[str]:
         """Quantized tensors (graph order) that differ from the simulation by more than ``tolerance`` LSBs,
         then network outputs that differ from it when computed from the runtime's own quantized tensors
-        (a quantized output by more than ``tolerance`` LSBs, a float one beyond float32 rounding)."""
+        (a quantized output by more than ``tolerance`` LSBs, a float one beyond float32 rounding). First, any
+        tensor or output holding NaN or inf in the runtime's result or the simulation's (also end to end)."""
         tensors = [
             name for name, d in self.per_tensor.items() if d.max_lsb_diff is not None and d.max_lsb_diff > tolerance
         ]
@@ -158,7 +161,16 @@ class ArtifactReport:
             if d.float_mismatch() or (d.max_lsb_diff is not None and d.max_lsb_diff > tolerance)
         ]
         missing = [f"output {name!r} (missing)" for name in self.missing]
-        return [*tensors, *outputs, *missing, *(f"quantization of {tensor}" for tensor in self.changed)]
+        nonfinite = [
+            f"{kind} {name!r} ({d.nonfinite[0]} non-finite value(s) in the runtime's result, {d.nonfinite[1]} in the "
+            "simulation's: NaN or inf is never a verified result)"
+            for kind, values in (("tensor", self.per_tensor), ("output", {**self.local_outputs, **self.outputs}))
+            for name, d in values.items()
+            if any(d.nonfinite)
+        ]
+        changed = [f"quantization of {tensor}" for tensor in self.changed]
+        finite = [name for name in tensors if not any(self.per_tensor[name].nonfinite)]
+        return [*nonfinite, *finite, *outputs, *missing, *changed]
 
 
 @dataclass
@@ -251,16 +263,26 @@ def tensor_diff(name: str, entry: TensorQParams | None, sim: np.ndarray, got: np
         if got.size != sim.size:
             raise ValueError(f"tensor {name!r}: runtime shape {list(got.shape)} vs simulation {list(sim.shape)}")
         got = got.reshape(sim.shape)
-    delta = np.abs(got.astype(np.float64) - sim.astype(np.float64))
+    finite = np.isfinite(got) & np.isfinite(sim)
+    nonfinite = (int(got.size - np.isfinite(got).sum()), int(sim.size - np.isfinite(sim).sum()))
+    delta = np.abs(got.astype(np.float64) - sim.astype(np.float64), where=finite, out=np.zeros(sim.shape))
     lsb = None
     if entry is not None:
         grid = grid_of(entry.grid)
         # Both sides are values of the grid: a whole number of steps apart, up to float32 rounding.
-        lsb = float(np.round(np.max(np.abs(grid.steps(entry, got) - grid.steps(entry, sim)), initial=0.0), 2))
+        steps = np.abs(grid.steps(entry, got) - grid.steps(entry, sim))
+        lsb = float(np.round(np.max(steps, where=finite, initial=0.0), 2))
     exact = float(np.mean(got == sim)) if sim.size else 1.0
-    magnitude = float(np.abs(sim).max(initial=0.0))
+    magnitude = float(np.abs(sim).max(where=np.isfinite(sim), initial=0.0))
     return TensorDiff(
-        name, entry.quantizer if entry else "", int(sim.size), float(delta.max(initial=0.0)), lsb, exact, magnitude
+        name,
+        entry.quantizer if entry else "",
+        int(sim.size),
+        float(delta.max(initial=0.0)),
+        lsb,
+        exact,
+        magnitude,
+        nonfinite=nonfinite,
     )
 
 
