@@ -124,29 +124,25 @@ def _has_activation_ancestor(node: fx.Node, kinds: Mapping[fx.Node, str | None],
     return result
 
 
-def _carries_data(node: fx.Node, kinds: Mapping[fx.Node, str | None], memo: dict[fx.Node, bool]) -> bool:
-    """Whether ``node`` is computed from the data the model runs on: a float input (or an input of unknown type)
-    or a layer. Not so: values computed only from integer inputs and constants, such as an attention mask
-    ``(1 - mask) * finfo.min`` or position arithmetic. Input types are known where the capture recorded them
-    (torch.export); an input of unknown type counts as data."""
+def _from_layers(node: fx.Node, kinds: Mapping[fx.Node, str | None], memo: dict[fx.Node, bool]) -> bool:
+    """Whether ``node`` is computed from a layer's output (the activations). Not so: values computed only from the
+    model's inputs and constants, such as an attention mask ``(1 - mask) * finfo.min`` (its input an integer or a
+    float mask; torch.fx does not know which) or position arithmetic."""
     if node in memo:
         return memo[node]
     memo[node] = False  # bounds recursion on shared inputs
     if kinds.get(node) in _ACTIVATION_ANCESTORS or kinds.get(node) == "embedding":
         result = True
-    elif node.op == "placeholder":
-        value = node.meta.get("val")
-        result = not isinstance(value, torch.Tensor) or value.is_floating_point()
-    elif node.op == "get_attr":
+    elif node.op in ("placeholder", "get_attr"):
         result = False
     else:
-        result = any(_carries_data(a, kinds, memo) for a in node.all_input_nodes)
+        result = any(_from_layers(a, kinds, memo) for a in node.all_input_nodes)
     memo[node] = result
     return result
 
 
 _SENTINEL = 1e30  # a fill value at least this large stands for "masked out" (finfo.min, -inf)
-_Memos = tuple[dict[fx.Node, bool], dict[fx.Node, bool]]  # (carries data, holds a sentinel) per node
+_Memos = tuple[dict[fx.Node, bool], dict[fx.Node, bool]]  # (from layers, holds a sentinel) per node
 _FILLING = frozenset({"where", "masked_fill", "masked_fill_"})
 _ADDING = frozenset({"add", "sub", "add_", "sub_", "__add__", "__sub__", "__iadd__", "__isub__"})
 
@@ -163,8 +159,8 @@ def _is_sentinel(value: typing.Any) -> bool:
 
 
 def _holds_sentinel(node: fx.Node, kinds: Mapping[fx.Node, str | None], memos: _Memos) -> bool:
-    """Whether ``node`` is mask arithmetic built with a sentinel: computed from no data (see
-    :func:`_carries_data`) and with a literal beyond 1e30 (``finfo.min``, ``-inf``) among the arguments of it or
+    """Whether ``node`` is mask arithmetic built with a sentinel: computed from no layer's output (see
+    :func:`_from_layers`) and with a literal beyond 1e30 (``finfo.min``, ``-inf``) among the arguments of it or
     of what it is computed from."""
     data, memo = memos
     if node in memo:
@@ -172,7 +168,7 @@ def _holds_sentinel(node: fx.Node, kinds: Mapping[fx.Node, str | None], memos: _
     memo[node] = False
     result = (
         node.op in ("call_function", "call_method")
-        and not _carries_data(node, kinds, data)
+        and not _from_layers(node, kinds, data)
         and (
             any(_is_sentinel(v) for v in pytree.tree_leaves((node.args, node.kwargs)))
             or any(_holds_sentinel(a, kinds, memos) for a in node.all_input_nodes)
