@@ -20,7 +20,7 @@ import copy
 import gc
 import types
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
@@ -33,6 +33,7 @@ from mqbench.backends.registry import BackendType, ParamsTable, resolve_backend
 from mqbench.custom_quantizer.model_quantizer import build_model_quantizer
 from mqbench.custom_quantizer.qconfig import QConfigPair, resolve_qconfig
 from mqbench.fake_quantize import FakeQuantizeDict
+from mqbench.fake_quantize.quantize_base import QuantizeBase
 from mqbench.nn.intrinsic.qat import freeze_bn_stats
 from mqbench.observer import ObserverDict
 from mqbench.utils.config import check_keys
@@ -122,6 +123,55 @@ def _warn_fused_attention(prepared: fx.GraphModule, backend: str, quantizes_matm
             'attn_implementation="eager" to quantize the attention products',
             stacklevel=3,
         )
+
+
+_TABLE_LAYERS = (nn.Embedding, nn.EmbeddingBag)  # lookups: their rows pass through, quantized where they are used
+
+
+def _float_layers(prepared: nn.Module, excluded: Iterable[str] = ()) -> dict[str, int]:
+    """The layers whose weights the prepared model keeps in float, each with its weight count: every module
+    with a weight of two or more dimensions (see :func:`_layer_weights`) and no weight quantizer (a recurrent
+    layer, a layer type the backend does not quantize, the inside of a module kept whole, a weight used
+    functionally). Lookup tables (embeddings) and the ``excluded`` names (``exclude_node_name``, module or
+    node spelling) are not counted as left out."""
+    skip = set(excluded)
+    found: dict[str, int] = {}
+    for name, module in prepared.named_modules():
+        if isinstance(module, QuantizeBase) or hasattr(module, "weight_fake_quant"):
+            continue
+        count = _layer_weights(module)
+        if count and not isinstance(module, _TABLE_LAYERS) and not {name, name.replace(".", "_")} & skip:
+            found[name] = count
+    return found
+
+
+def _layer_weights(module: nn.Module) -> int:
+    """How many weights of two or more dimensions the module itself holds (``weight``, ``in_proj_weight``,
+    ``weight_ih_l0`` ...; not a position embedding or a class token, which are added to activations)."""
+    return sum(p.numel() for n, p in module.named_parameters(recurse=False) if "weight" in n and p.dim() >= 2)
+
+
+def _weight_count(model: nn.Module) -> int:
+    return sum(_layer_weights(m) for m in model.modules() if not isinstance(m, QuantizeBase))
+
+
+def _warn_float_layers(prepared: fx.GraphModule, backend: str, excluded: list[str]) -> None:
+    """Name the layers left in float and their share of the model's weights: deployed, they run in float."""
+    found = _float_layers(prepared, excluded)
+    if not found:
+        return
+    total = max(_weight_count(prepared), 1)
+    largest = sorted(found.items(), key=lambda item: -item[1])
+    listed = ", ".join(
+        f"{name} ({type(prepared.get_submodule(name)).__name__}, {count / total:.1%})" for name, count in largest[:5]
+    )
+    warnings.warn(
+        f"backend {backend!r} leaves {len(found)} layer(s) in float, {sum(found.values()) / total:.1%} of the "
+        f"model's weights: {listed}{' ...' if len(found) > 5 else ''}. Their weights are not quantized and they run "
+        "in float where deployed; a layer type the backend quantizes is listed in its BackendSpec (recurrent layers "
+        "and modules kept whole with leaf_module are not)",
+        stacklevel=3,
+    )
 
 
 _HALF_TYPES = (torch.float16, torch.bfloat16)
@@ -283,6 +333,8 @@ def prepare_by_platform(
     if half:
         _convert_half_inputs(prepared)
     _warn_fused_attention(prepared, spec.name, "matmul" in spec.placement.inputs_of)
+    excluded = (config.get("extra_quantizer_dict") or {}).get("exclude_node_name", [])
+    _warn_float_layers(prepared, spec.name, list(excluded))
     if freeze_bn:
         prepared.apply(freeze_bn_stats)
     _preserve_attributes(source, prepared, config.get("preserve_attr", {}))

@@ -97,3 +97,32 @@ def test_fused_attention_on_a_matmul_quantizing_backend_is_named_in_a_warning():
     with warnings.catch_warnings():  # TensorRT's CNN placement quantizes no matmul input: nothing to say
         warnings.simplefilter("error")
         prepare_by_platform(model, "tensorrt")
+
+
+class _Crnn(nn.Module):
+    """A CRNN's shape: a convolutional feature extractor, a bidirectional LSTM over the columns, a classifier."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(1, 16, 3, padding=1)
+        self.rnn = nn.LSTM(16, 32, bidirectional=True, batch_first=True)
+        self.fc = nn.Linear(64, 10)
+
+    def forward(self, x):
+        features = torch.relu(self.conv(x)).mean(2).transpose(1, 2)  # [N, W, C]
+        return self.fc(self.rnn(features)[0])
+
+
+def test_layers_left_in_float_are_named_with_their_share_of_the_weights():
+    import warnings
+
+    model = _Crnn().eval()
+    lstm = sum(p.numel() for n, p in model.rnn.named_parameters() if "weight" in n)
+    total = lstm + model.conv.weight.numel() + model.fc.weight.numel()
+    with pytest.warns(UserWarning, match="leaves 1 layer") as caught:
+        prepare_by_platform(model, "tensorrt")
+    (message,) = [str(w.message) for w in caught if "in float" in str(w.message)]
+    assert f"{lstm / total:.1%} of the model's weights: rnn (LSTM, {lstm / total:.1%})" in message, message
+    with warnings.catch_warnings():  # a layer the user excluded is not reported as left out
+        warnings.simplefilter("error")
+        prepare_by_platform(model, "tensorrt", {"extra_quantizer_dict": {"exclude_node_name": ["rnn"]}})
