@@ -18,7 +18,7 @@ import yaml
 from mqbench.advanced_ptq import restore_smoothing
 from mqbench.app.config import ConfigError, load_config, parse_config
 from mqbench.app.ptq import ptq_recipe
-from mqbench.app.runs import RunFolder
+from mqbench.app.runs import RunFolder, output_index, prediction
 from mqbench.backends import ParamsTable, PTQRecipe
 from mqbench.cli import main
 from mqbench.data import load_digits_split
@@ -539,3 +539,55 @@ def test_mqbench_s_hugging_face_trainer_layout_is_named_with_what_to_write_inste
     message = str(error.value)
     assert message.startswith("config.yaml: this is the layout of MQBench's Hugging Face Trainer examples")
     assert "extra_prepare_dict.extra_qconfig_dict" in message and "model.tracer: huggingface" in message
+
+
+TWO_HEADS_SOURCE = """
+import torch
+from torch import nn
+
+from mqbench.models.zoo import zoo_model
+
+
+class TwoHeads(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.net = zoo_model("resnet18").model
+
+    def forward(self, x):
+        scores = self.net(x)
+        return {"aux": torch.neg(scores), "scores": scores}  # aux's top class is the least likely one
+
+
+def build():
+    return TwoHeads().eval()
+"""
+
+
+def test_the_output_that_holds_the_class_scores_is_chosen_by_key_or_index(tmp_path, user_modules, capsys):
+    user_modules("two_heads", TWO_HEADS_SOURCE)
+    settings = {"model": {"type": "two_heads:build", "output": "scores"}, "data": {"max_eval": 96}}
+    settings["quantize"] = {"backend": "tensorrt", "cali_batchsize": 2, "verify_samples": 8}
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(settings))
+    assert main(["ptq", "--config", str(tmp_path / "run.yaml"), "--output", "run", "--quiet"]) == 0
+    accuracy = json.loads((tmp_path / "run" / "results.json").read_text())["accuracy"]
+    # the deployed model's second output is the scores: deployed and simulated agree, far from aux's 0
+    assert accuracy["float"] > 0.8, accuracy
+    assert abs(accuracy["simulated"] - accuracy["float"]) < 0.05, accuracy
+    assert abs(accuracy["deployed"] - accuracy["simulated"]) < 0.03, accuracy
+
+    from two_heads import build  # the same choice by index; by default, a mapping's first value
+
+    x = digits_rgb(load_digits_split()[1].images[:64])
+    labels = load_digits_split()[1].labels[:64]
+    with torch.no_grad():
+        output = build()(x)
+    assert prediction(output, 1) is output["scores"] and prediction(output, "scores") is output["scores"]
+    assert output_index(output, "scores") == 1 and output_index(output, None) == 0
+    assert float((prediction(output).argmax(1) == labels).float().mean()) < 0.1  # aux: the least likely class
+    for output, message in (("logits", "give one of its tensor keys"), (2, "returns 2 tensor(s)")):
+        config = tmp_path / "bad.yaml"
+        config.write_text(yaml.safe_dump(settings | {"model": {"type": "two_heads:build", "output": output}}))
+        with pytest.raises(SystemExit) as exit_info:
+            main(["ptq", "--config", str(config), "--output", "run_bad", "--quiet"])
+        assert exit_info.value.code == 2
+        assert message in capsys.readouterr().err

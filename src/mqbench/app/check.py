@@ -84,8 +84,9 @@ def deploy_and_verify(
     return DeployCheck(spec.name, result, report, lsb_tolerance(spec))
 
 
-def deployed_runner(result: DeployResult) -> tuple[str, Callable[[np.ndarray], np.ndarray]]:
-    """The backend's own deployed model as a function of the input: (artifact key, run).
+def deployed_runner(result: DeployResult, output: int = 0) -> tuple[str, Callable[[np.ndarray], np.ndarray]]:
+    """The backend's own deployed model as a function of the input, giving its output number ``output``:
+    (artifact key, run).
 
     Of the deployment's models, the one whose format record ranks highest (OpenVINO's model, then
     the QLinear graph, then the Q/DQ model), run as its runtime serves it.
@@ -94,7 +95,7 @@ def deployed_runner(result: DeployResult) -> tuple[str, Callable[[np.ndarray], n
     servers = {key: record for key, record in servers.items() if record.serve is not None}
     key = max(servers, key=lambda k: servers[k].serve_rank)
     run = servers[key].serve(result)  # type: ignore[misc]  # not None: filtered above
-    return key, lambda x: run({result.input_names[0]: x})[0]
+    return key, lambda x: run({result.input_names[0]: x})[output]
 
 
 def accuracy(run: Callable[[np.ndarray], np.ndarray], images: Tensor, labels: Tensor, batch: int = 256) -> float:

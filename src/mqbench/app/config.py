@@ -13,6 +13,9 @@ and the valid choices. Missing sections and keys take the defaults below.
       path: null                # a checkpoint (state dict), read with torch.load(weights_only=True)
       tracer: null              # mqbench: null (torch.fx) or huggingface (HFTracer on transformers 4, export on 5)
       input_names: null         # mqbench, huggingface: the forward arguments the data feeds (default [input_ids])
+      output: null              # mqbench: which output holds the class scores: null (the tensor, a mapping's
+                                #   logits, else the first), an index into the outputs as returned (flattened),
+                                #   or a key of a mapping output
     data:
       path: null                # null: the bundled digits; a folder with train/ and val/; or a .npz file
       factory: null             # mqbench: instead of path, package.module:function returning the train and
@@ -105,7 +108,7 @@ QUANTIZE_TYPES = ("naive_ptq", "advanced_ptq")
 _ACCEPTED_QUANTIZE_TYPES = (*QUANTIZE_TYPES, "ptq", "qat")
 
 DEFAULTS: dict[str, Any] = {
-    "model": {"type": "resnet18", "kwargs": {}, "path": None, "tracer": None, "input_names": None},
+    "model": {"type": "resnet18", "kwargs": {}, "path": None, "tracer": None, "input_names": None, "output": None},
     "data": {
         "path": None,
         "factory": None,
@@ -246,6 +249,10 @@ _CHECKS: dict[str, dict[str, tuple[Callable[[Any], bool], str]]] = {
         "input_names": (
             lambda v: v is None or (isinstance(v, list) and len(v) == 1 and all(isinstance(n, str) and n for n in v)),
             "null or a list of one forward argument name (the data holds one input per sample)",
+        ),
+        "output": (
+            lambda v: v is None or (isinstance(v, int) and not isinstance(v, bool) and v >= 0) or isinstance(v, str),
+            "null, an index (0, 1, ...) into the model's outputs or a key of its mapping output",
         ),
     },
     "data": {

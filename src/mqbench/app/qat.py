@@ -132,7 +132,7 @@ def _quantize(run: Run, model: nn.Module) -> nn.Module:
         losses = []
         for step in tqdm(range(steps), desc=f"QAT epoch {epoch + 1}", disable=run.quiet, leave=False):
             index = processes.shard(order[step * global_batch : (step + 1) * global_batch])
-            loss = F.cross_entropy(prediction(trained(images[index])), labels[index])
+            loss = F.cross_entropy(prediction(trained(images[index]), run.output), labels[index])
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()

@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.utils._pytree as pytree
 from torch import Tensor, fx, nn
 from tqdm.auto import tqdm
 
@@ -58,6 +59,8 @@ __all__ = [
     "has_huggingface_tracer",
     "huggingface_tracer",
     "load_run",
+    "output_index",
+    "output_tensors",
     "prediction",
     "seed_everything",
 ]
@@ -115,9 +118,14 @@ class Run:
         global_batch = self.batch_size * self.processes.world_size
         return self.data.calibration_batches(self.config["quantize"]["cali_batchsize"], global_batch)
 
+    @property
+    def output(self) -> int | str | None:
+        """Which of the model's outputs holds the class scores (``model.output``; see :func:`prediction`)."""
+        return self.config["model"]["output"]
+
     def accuracy(self, run: Callable[[Tensor], Any], what: str) -> float | None:
         """Top-1 accuracy on the validation samples (None without labels)."""
-        return accuracy(run, self.val, self.val_labels, self.batch_size, what, self.quiet)
+        return accuracy(run, self.val, self.val_labels, self.batch_size, what, self.quiet, self.output)
 
 
 def load_run(
@@ -177,8 +185,12 @@ def huggingface_tracer() -> fx.Tracer:
     return HFTracer()
 
 
-def prediction(output: Any) -> Tensor:
-    """The class scores of a model's output: the tensor, a mapping's ``logits`` (Hugging Face), or the first."""
+def prediction(output: Any, which: int | str | None = None) -> Tensor:
+    """The class scores of a model's output: ``which`` (``model.output``) if given, an index into the output's
+    tensors in the order the model returns them (flattened) or a key of a mapping output; otherwise the tensor,
+    a mapping's ``logits`` (Hugging Face), or the first."""
+    if which is not None:
+        return output_tensors(output)[output_index(output, which)]
     if isinstance(output, Tensor):
         return output
     if isinstance(output, dict):  # transformers' ModelOutput is a dict too
@@ -186,6 +198,34 @@ def prediction(output: Any) -> Tensor:
     if isinstance(output, tuple | list) and output:
         return prediction(output[0])
     raise TypeError(f"the model returned {type(output).__name__}; mqbench runs need class scores (a tensor)")
+
+
+def output_tensors(output: Any) -> list[Tensor]:
+    """A model's output tensors in the order it returns them (as the deployed model's outputs are ordered)."""
+    return [leaf for leaf in pytree.tree_leaves(output) if isinstance(leaf, Tensor)]
+
+
+def output_index(output: Any, which: int | str | None) -> int:
+    """The position among :func:`output_tensors` of the class scores ``which`` chooses (see :func:`prediction`)."""
+    tensors = output_tensors(output)
+    if which is None:
+        chosen = prediction(output)
+        return next(i for i, t in enumerate(tensors) if t is chosen)
+    if isinstance(which, str):
+        keys = list(output) if isinstance(output, dict) else []
+        if which not in keys or not isinstance(output[which], Tensor):
+            raise ConfigError(
+                f"model.output {which!r}: the model returns {type(output).__name__}"
+                f"{' with keys ' + ', '.join(map(str, keys)) if keys else ''}; give one of its tensor keys or an "
+                f"index from 0 to {len(tensors) - 1}"
+            )
+        return next(i for i, t in enumerate(tensors) if t is output[which])
+    if which >= len(tensors):
+        raise ConfigError(
+            f"model.output {which}: the model returns {len(tensors)} tensor(s); give an index from 0 to "
+            f"{len(tensors) - 1}"
+        )
+    return which
 
 
 def seed_everything(seed: int) -> None:
@@ -196,7 +236,13 @@ def seed_everything(seed: int) -> None:
 
 @torch.no_grad()
 def accuracy(
-    run: Callable[[Tensor], Any], images: Tensor, labels: Tensor | None, size: int, what: str, quiet: bool
+    run: Callable[[Tensor], Any],
+    images: Tensor,
+    labels: Tensor | None,
+    size: int,
+    what: str,
+    quiet: bool,
+    which: int | str | None = None,
 ) -> float | None:
     if labels is None:
         return None
@@ -204,7 +250,7 @@ def accuracy(
     for start in tqdm(range(0, len(images), size), desc=f"accuracy ({what})", disable=quiet, leave=False):
         output = run(images[start : start + size])
         structured = isinstance(output, Tensor | dict | tuple | list)  # a model's; a runtime gives an array
-        logits = prediction(output) if structured else torch.as_tensor(np.asarray(output))
+        logits = prediction(output, which) if structured else torch.as_tensor(np.asarray(output))
         correct += int((logits.argmax(1) == labels[start : start + size]).sum())
     return correct / len(labels)
 
@@ -357,7 +403,9 @@ def _execute(
     run.seconds["quantization error"] = time.perf_counter() - started
 
     started = time.perf_counter()
-    artifact, runner = deployed_runner(check.result)
+    with torch.no_grad():
+        index = output_index(model(run.val[:1]), run.output)  # the deployed model's outputs are in this order
+    artifact, runner = deployed_runner(check.result, index)
     deployed_accuracy = run.accuracy(lambda x: runner(x.numpy()), f"deployed {artifact}")
     run.seconds["deployed evaluation"] = time.perf_counter() - started
 
