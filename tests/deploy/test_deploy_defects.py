@@ -262,3 +262,31 @@ def test_a_simulation_that_computes_nan_is_not_a_verified_result(tmp_path):
     failures = verify_deploy(qmodel, result, x, host=False).failures()
     assert failures, "a NaN output compared equal to itself"
     assert all("non-finite" in f and "in the simulation's" in f for f in failures), failures
+
+
+class UnusedText(nn.Module):
+    """A recognizer's forward with an argument used only in training: ``forward(input, text)``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c = nn.Conv2d(3, 4, 3)
+
+    def forward(self, input, text):
+        return self.c(input)
+
+
+def test_an_argument_fixed_at_prepare_is_left_out_of_the_call_and_the_deployment(tmp_path):
+    x = torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(1))
+    qmodel = prepare_by_platform(UnusedText().eval(), "tensorrt", {"concrete_args": {"text": None}})
+    enable_calibration(qmodel)
+    with torch.no_grad():
+        qmodel(x)  # the fixed argument defaults to its value
+    enable_quantization(qmodel)
+    result = convert_deploy(qmodel, "tensorrt", dummy_input=x, output_path=tmp_path)
+    assert len(result.input_names) == 1 and len(onnx.load(result.artifacts["onnx"]).graph.input) == 1
+    assert verify_deploy(qmodel, result, x, host=False).passed
+    unfixed = prepare_by_platform(UnusedText().eval(), "tensorrt")
+    with pytest.raises(TypeError):  # without it the argument is required, as in the model
+        unfixed(x)
+    with pytest.raises(ValueError, match=r"argument 1 \('text'\) is None.*'concrete_args': \{'text': None\}"):
+        convert_deploy(unfixed, "tensorrt", dummy_input=(x, None), output_path=tmp_path / "unfixed")

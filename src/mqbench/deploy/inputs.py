@@ -148,6 +148,15 @@ def model_inputs(
     _check_dict_keys(forward, args, what)
     leaves, structure = pytree.tree_flatten_with_path(args)
     for path, leaf in leaves:
+        if leaf is None and len(path) == 1 and isinstance(path[0], pytree.SequenceKey) and forward.parameters:
+            index = path[0].idx
+            name = forward.parameters[index] if index < len(forward.parameters) else f"argument {index}"
+            raise ValueError(
+                f"{what}: argument {index} ({name!r}) is None, and every input of the deployment is a tensor. An "
+                f"argument the model is deployed without is fixed when it is prepared: prepare_custom_config_dict="
+                f"{{'concrete_args': {{{name!r}: None}}}} (the prepared model then defaults it to None), and "
+                f"{what} leaves it out"
+            )
         if not isinstance(leaf, Tensor):
             raise ValueError(
                 f"{what}: {_shown_path(path, labels)} is a {type(leaf).__name__}, not a tensor; every input of the "

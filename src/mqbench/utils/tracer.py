@@ -10,6 +10,7 @@ Example:
 
 from __future__ import annotations
 
+import inspect
 import keyword
 import operator
 import os
@@ -129,8 +130,29 @@ def trace(
             "(e.g. {'return_loss': False})."
         ) from error
     name = type(model).__name__
+    _default_concrete_inputs(model, graph, concrete_args or {})
     _flatten_dict_inputs(graph, set(concrete_args or {}))
     return fx.GraphModule(tracer.root, graph, name)
+
+
+def _default_concrete_inputs(model: nn.Module, graph: fx.Graph, concrete_args: Mapping[str, Any]) -> None:
+    """Give each argument fixed by ``concrete_args`` its value as the traced forward's default: fx keeps a
+    parameter for it (``text_1``, checked to be the value), which would otherwise be a required input of the
+    prepared model and its deployment (``forward(x, text)`` traced with ``{"text": None}`` is called ``qmodel(x)``)."""
+    parameters = [
+        p
+        for p in inspect.signature(model.forward).parameters.values()
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+    ]
+    placeholders = [node for node in graph.nodes if node.op == "placeholder"]
+    if len(placeholders) != len(parameters):  # *args / **kwargs: no one-to-one match to rely on
+        return
+    # from the last argument back: a default may not come before a required argument
+    for parameter, node in reversed(list(zip(parameters, placeholders, strict=True))):
+        value = concrete_args.get(parameter.name, inspect.Parameter.empty)
+        if not (value is None or isinstance(value, bool | int | float | str)) or node.args:
+            break
+        node.args = (value,)
 
 
 def dict_input(keys: tuple[str, ...], *values: Any) -> Any:
