@@ -5,6 +5,8 @@ VENV ?= .venv
 TORCH_VERSION ?= 2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.mqbench-installed
+# the suite runs in one worker process per core of a 2-core machine (pytest-xdist), each on one thread
+TEST_WORKERS ?= 2
 
 .PHONY: demo test lint bench clean
 
@@ -48,7 +50,7 @@ test: $(STAMP) $(TF4_STAMP)
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/ruff format --check src tests benchmarks
 	$(BIN)/mypy
-	$(BIN)/pytest --durations=30
+	$(BIN)/pytest --numprocesses=$(TEST_WORKERS) --dist=worksteal --durations=30
 	# the HFTracer path on transformers 4.57 (the suite above runs on transformers 5: torch.export capture)
 	PYTHONPATH=$(TF4) $(BIN)/python -c "import transformers as t; assert t.__version__ == '4.57.6', t.__version__"
 	PYTHONPATH=$(TF4) $(BIN)/pytest -q -p no:cacheprovider $(TF4_TESTS)
