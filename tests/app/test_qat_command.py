@@ -191,7 +191,8 @@ def test_mqbench_s_flat_qat_layout_loads_key_for_key():
 
     raw = yaml.safe_load(MQBENCH_LSQ)
     config = parse_config(raw, "resnet18-4bit-acedemic.yaml")
-    assert config["model"] == {"type": "resnet18", "kwargs": {}, "path": None, "tracer": None, "input_names": None}
+    expected = {"type": "resnet18", "kwargs": {}, "path": None, "tracer": None, "input_names": None, "output": None}
+    assert config["model"] == expected
     assert config["data"]["batch_size"] == 512
     training = config["training"]
     assert (training["epochs"], training["optimizer"], training["lr"]) == (100, "adam", 0.00005)
