@@ -25,9 +25,20 @@ import numpy as np
 from mqbench.functional import bits_of_range
 from mqbench.grids import GRIDS
 
-__all__ = ["GRIDS", "KINDS", "QParamTable", "TensorQParams"]
+__all__ = ["GRIDS", "KINDS", "QParamTable", "TensorQParams", "float32_refusal"]
 
 KINDS = ("activation", "weight")
+
+
+def float32_refusal(subject: str, why: str) -> str:
+    """The error for a quantization float32 cannot hold (:meth:`TensorQParams.float32_overflow`)."""
+    return (
+        f"{subject} cannot be deployed: {why}; written as float32 it overflows to inf, and the deployed model would "
+        "compute inf or NaN. Its quantizer saw values near float32's limit or beyond (mask arithmetic, unbounded or "
+        "non-finite values): exclude that layer from quantization (prepare_custom_config_dict "
+        "{'extra_quantizer_dict': {'exclude_node_name': [...]}}), bound the values before it, or calibrate it on "
+        "data of a realistic range"
+    )
 
 
 @dataclass(frozen=True, eq=False)
@@ -110,6 +121,32 @@ class TensorQParams:
     def with_changes(self, **changes: Any) -> TensorQParams:
         return replace(self, **changes)
 
+    def float32_overflow(self) -> str | None:
+        """Why this quantization cannot be written in float32 (every deployed file's type), or ``None``.
+
+        A linear grid's ends ``(quant_min - zp) * scale`` and ``(quant_max - zp) * scale`` and its width are stored or
+        computed in float32 by the clip-range, FakeQuantize and encodings formats and their runtimes; beyond
+        float32's largest value they become inf, and the deployed model computes inf or NaN where the simulation
+        did not. A log grid (NNIE) is its ``data_max``, which must be finite.
+        """
+        limit = float(np.finfo(np.float32).max)
+        if self.grid == "log":  # the grid is data_max's (its scale is informative)
+            if self.data_max is not None and not abs(self.data_max) <= limit:
+                return f"data_max {self.data_max:.6g} lies beyond float32 (largest {limit:.6g})"
+            return None
+        scale = self.scale.astype(np.float64)
+        low, high = (self.quant_min - self.zero_point) * scale, (self.quant_max - self.zero_point) * scale
+        largest = np.maximum(np.maximum(np.abs(low), np.abs(high)), high - low)
+        over = np.flatnonzero(largest > limit)
+        if over.size == 0:
+            return None
+        c = int(over[np.argmax(largest[over])])
+        where = f" (channel {c}, {over.size} of {scale.size} channels)" if self.axis is not None else ""
+        return (
+            f"scale {scale[c]:.6g} and zero point {int(self.zero_point[c])}{where} put the grid at "
+            f"[{low[c]:.6g}, {high[c]:.6g}], whose ends or width lie beyond float32 (largest {limit:.6g})"
+        )
+
     def same_quantization(self, other: TensorQParams) -> bool:
         return (
             self.quant_min == other.quant_min
@@ -150,6 +187,11 @@ class QParamTable(Mapping[str, TensorQParams]):
 
     def __init__(self, entries: Mapping[str, TensorQParams] | None = None) -> None:
         self._entries = dict(entries or {})
+        for name, entry in self._entries.items():
+            why = entry.float32_overflow()
+            if why is not None:
+                by = f" (quantizer {entry.quantizer!r})" if entry.quantizer else ""
+                raise ValueError(float32_refusal(f"tensor {name!r}{by}", why))
 
     def __getitem__(self, tensor: str) -> TensorQParams:
         try:

@@ -23,7 +23,7 @@ from mqbench.fake_quantize.role import role_of, set_role
 from mqbench.functional import fake_quantize, fake_quantize_for_export
 from mqbench.grids import grid_of
 from mqbench.nn.intrinsic.qat.modules.bn_folding import BnFoldingModule
-from mqbench.qparams import TensorQParams
+from mqbench.qparams import TensorQParams, float32_refusal
 from mqbench.utils.state import UncalibratedError, quantizers
 
 __all__ = [
@@ -134,6 +134,50 @@ def _freeze(name: str, quantizer: QuantizeBase, kind: str) -> FrozenQuantizer:
     )
 
 
+def _checked_freeze(name: str, quantizer: QuantizeBase, kind: str) -> FrozenQuantizer:
+    """:func:`_freeze`, refusing (naming the quantizer) parameters that no deployed file can hold in float32."""
+    subject = f"quantizer {name!r} ({kind} of {'layer' if kind == 'weight' else 'tensor'} {_quantized(name)!r})"
+    for what in ("data_max", "scale"):  # a statistic that overflowed float32 (or saw inf) before it is frozen
+        value = getattr(quantizer, what, None)
+        values = torch.as_tensor(value if value is not None else 1.0).detach().to(torch.float64).reshape(-1)
+        if not bool(torch.isfinite(values).all()):
+            shown = values[~torch.isfinite(values)][0].item()
+            raise ValueError(
+                float32_refusal(
+                    subject,
+                    f"its {what} is {shown} (beyond float32, largest {torch.finfo(torch.float32).max:.6g}, or from "
+                    "non-finite values in calibration)",
+                )
+            )
+    frozen = _freeze(name, quantizer, kind)
+    try:
+        entry = TensorQParams(
+            frozen.scale.numpy(),
+            frozen.zero_point.numpy(),
+            frozen.quant_min,
+            frozen.quant_max,
+            frozen.axis,
+            kind,
+            grid=frozen.grid,
+            data_max=frozen.data_max,
+        )
+    except ValueError:  # not a table entry's form (say, a zero scale): the table's own checks say why, later
+        return frozen
+    why = entry.float32_overflow()
+    if why is not None:
+        raise ValueError(float32_refusal(subject, why))
+    return frozen
+
+
+def _quantized(name: str) -> str:
+    """What a quantizer's name says it quantizes: ``conv1.weight_fake_quant`` -> ``conv1``,
+    ``add_post_act_fake_quantizer`` -> ``add``."""
+    for suffix in (".weight_fake_quant", "_post_act_fake_quantizer"):
+        if name.endswith(suffix):
+            return name[: -len(suffix)]
+    return name
+
+
 def freeze_quantizers(model: nn.Module) -> nn.Module:
     """Replace every enabled quantizer of ``model`` (in place) with its :class:`FrozenQuantizer`.
 
@@ -164,7 +208,7 @@ def freeze_quantizers(model: nn.Module) -> nn.Module:
                 f"{name} ({type(quantizer).__name__}) quantizes activations with parameters computed from each "
                 "input, which no deployment format can hold; use it for weights only"
             )
-        frozen = _freeze(name, quantizer, kind)
+        frozen = _checked_freeze(name, quantizer, kind)
         set_role(frozen, role)
         if kind == "activation" and frozen.grid == "linear":
             degenerate.extend(_degenerate(name, quantizer))
