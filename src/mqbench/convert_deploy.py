@@ -393,6 +393,7 @@ def _deploy(
         set_submodule(merged, name, nn.Identity())
     deployed = freeze_quantizers(merged)
     float_model, table, input_names, output_names = _convert_onnx(deployed, example, extra_kwargs)
+    _refuse_groups_in(keys, table, spec)
     qdq_model, dequantized = insert_qdq(float_model, table)
     scratch = Path(tempfile.mkdtemp(prefix=".mqbench-deploy-", dir=folder))
     try:
@@ -445,6 +446,21 @@ def _deploy(
         spec=spec,
         input_structure=example.structure,
     )
+
+
+# The artifact formats that hold group-wise weights besides the Q/DQ model (blocked DequantizeLinear).
+GROUP_FORMATS = frozenset({"matmulnbits_onnx"})
+
+
+def _refuse_groups_in(keys: list[str], table: QParamTable, spec: BackendSpec) -> None:
+    grouped = [tensor for tensor, entry in table.items() if entry.group_size is not None]
+    unable = [key for key in keys if key not in GROUP_FORMATS]
+    if grouped and unable:
+        raise ValueError(
+            f"{len(grouped)} weight(s) are quantized in groups ({', '.join(grouped[:4])}), which backend "
+            f"{spec.name!r}'s format(s) {unable} cannot hold (one scale per tensor or per channel); deploy group-wise "
+            "weights with a weight-only backend ('llm_w4a16', 'llm_w8a16'), or drop group_size from the w_qscheme"
+        )
 
 
 def _files(folder: Path) -> dict[Path, int]:

@@ -42,11 +42,14 @@ __all__ = [
     "fake_quantize",
     "fake_quantize_for_export",
     "folded_learnable_fake_quantize",
+    "from_groups",
+    "group_shape",
     "learnable_fake_quantize",
     "param_tangents",
     "qparams_from_range",
     "round_pot",
     "round_ste",
+    "to_groups",
 ]
 
 EPS = torch.finfo(torch.float32).eps
@@ -446,3 +449,47 @@ def fake_quantize_for_export(
     if ch_axis is None:
         return torch.fake_quantize_per_tensor_affine(x, scale.reshape(()), zero_point.reshape(()), *container)
     return torch.fake_quantize_per_channel_affine(x, scale, zero_point, ch_axis % x.dim(), *container)
+
+
+# -- group-wise (block) quantization ---------------------------------------------------------------------------
+# A weight [O, I, *k] quantized in groups of G input channels has one scale per (output channel, group, kernel
+# position): the scale tensor [O, ceil(I / G), *k] of ONNX's blocked DequantizeLinear (axis 1, block_size G). The
+# quantizers see the weight as rows [O * ceil(I / G) * prod(k), G], one row per group, in the order of that scale
+# tensor, and quantize them per row (per channel on axis 0).
+
+
+def group_shape(shape: tuple[int, ...] | torch.Size, group_size: int) -> list[int]:
+    """The shape of the group-wise scales of a weight of ``shape``: axis 1 divided into groups (the last may be
+    partial)."""
+    if len(shape) < 2:
+        raise ValueError(f"group-wise quantization needs a weight of 2 or more dimensions, got shape {list(shape)}")
+    # (I + G - 1) // G rather than -(-I // G): ONNX export writes floor division as Div, which truncates negatives
+    return [shape[0], (shape[1] + group_size - 1) // group_size, *shape[2:]]
+
+
+def to_groups(x: Tensor, group_size: int) -> Tensor:
+    """``x`` ``[O, I, *k]`` as rows ``[O * ceil(I / G) * prod(k), G]``, one per group of ``G`` input channels.
+
+    A partial last group is filled up with copies of its last input channel, which changes neither its range
+    nor, once quantized, its values.
+
+    Example:
+        >>> import torch
+        >>> to_groups(torch.arange(6.0).reshape(2, 3), 2).tolist()
+        [[0.0, 1.0], [2.0, 2.0], [3.0, 4.0], [5.0, 5.0]]
+    """
+    shape = group_shape(x.shape, group_size)
+    padded = shape[1] * group_size
+    if padded != x.shape[1]:
+        last = x.narrow(1, x.shape[1] - 1, 1)
+        x = torch.cat([x, last.expand(x.shape[0], padded - x.shape[1], *x.shape[2:])], dim=1)
+    x = x.reshape(shape[0], shape[1], group_size, *x.shape[2:])
+    return x.movedim(2, -1).reshape(-1, group_size)
+
+
+def from_groups(rows: Tensor, shape: tuple[int, ...] | torch.Size, group_size: int) -> Tensor:
+    """The inverse of :func:`to_groups`: rows back to a tensor of ``shape`` (filling of the last group dropped)."""
+    blocks = group_shape(shape, group_size)
+    x = rows.reshape(*blocks, group_size).movedim(-1, 2)
+    x = x.reshape(blocks[0], blocks[1] * group_size, *blocks[2:])
+    return x.narrow(1, 0, shape[1]) if x.shape[1] != shape[1] else x

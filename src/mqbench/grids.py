@@ -96,6 +96,8 @@ class LinearGrid(Grid):
 
     def steps(self, entry: TensorQParams, values: np.ndarray) -> np.ndarray:
         values = np.asarray(values, np.float64)
+        if entry.group_size is not None:  # a weight in groups: each element's own group scale
+            return values / entry.expanded(entry.scale.astype(np.float64), values.shape)
         return values / _along_axis(entry.scale.astype(np.float64), entry, values.ndim)
 
     def amax(self, entry: TensorQParams) -> np.ndarray:
@@ -103,7 +105,10 @@ class LinearGrid(Grid):
         return np.maximum(np.abs(np.asarray(low, np.float32)), np.abs(np.asarray(high, np.float32)))
 
     def to_onnx(self, builder: Any, tensor: str, entry: TensorQParams) -> str:
-        # QuantizeLinear holds 8 bits; a wider grid is its arithmetic in float ops
+        # group-wise weights: integer blocks and a blocked DequantizeLinear (opset 21); QuantizeLinear holds 8 bits,
+        # a wider grid is its arithmetic in float ops
+        if entry.group_size is not None:
+            return builder.blocked(tensor, entry)
         return builder.linear8(tensor, entry) if entry.bits <= 8 else builder.linear_wide(tensor, entry)
 
 

@@ -61,6 +61,10 @@ class TensorQParams:
     data_max: float | None = None
     quantizer: str = ""  # the simulation's quantizer module, for reports
     extra: Mapping[str, Any] = field(default_factory=dict)
+    # group-wise weights: one scale per group of this many input channels; ``axis`` is then 1 (the blocked axis, as
+    # ONNX's DequantizeLinear block_size has it) and scale / zero_point hold the blocks of
+    # ``mqbench.functional.group_shape(weight shape, group_size)`` flattened
+    group_size: int | None = None
 
     def __post_init__(self) -> None:
         scale = np.atleast_1d(np.asarray(self.scale, dtype=np.float32))
@@ -81,6 +85,11 @@ class TensorQParams:
             raise ValueError(f"grid must be one of {tuple(GRIDS)} (mqbench.grids), got {self.grid!r}")
         if self.grid == "log" and self.data_max is None:
             raise ValueError("log-grid entries need data_max")
+        if self.group_size is not None and (self.axis != 1 or self.kind != "weight" or self.grid != "linear"):
+            raise ValueError(
+                f"group-wise entries (group_size {self.group_size}) are linear-grid weights blocked along axis 1, "
+                f"got axis {self.axis}, kind {self.kind!r}, grid {self.grid!r}"
+            )
         object.__setattr__(self, "scale", scale)
         object.__setattr__(self, "zero_point", zero_point)
         if self.consumers is not None:
@@ -93,6 +102,25 @@ class TensorQParams:
     @property
     def per_channel(self) -> bool:
         return self.axis is not None
+
+    def blocked(self, values: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+        """A group-wise entry's ``values`` (its scale or zero point) as the blocks of a weight of ``shape``:
+        ``[O, ceil(I / group_size), *k]``."""
+        if self.group_size is None:
+            raise ValueError("blocked() is for group-wise entries (group_size set)")
+        blocks = [shape[0], -(-shape[1] // self.group_size), *shape[2:]]
+        if int(np.prod(blocks)) != values.size:
+            raise ValueError(
+                f"{values.size} group-wise values do not fit a weight of shape {list(shape)} in groups of "
+                f"{self.group_size} (blocks {blocks})"
+            )
+        return values.reshape(blocks)
+
+    def expanded(self, values: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+        """A group-wise entry's ``values`` repeated over each group: one per element of a weight of ``shape``."""
+        assert self.group_size is not None
+        full = np.repeat(self.blocked(np.asarray(values), shape), self.group_size, axis=1)
+        return full[:, : shape[1]]
 
     @property
     def symmetric(self) -> bool:
@@ -155,6 +183,7 @@ class TensorQParams:
             and self.grid == other.grid
             and np.array_equal(self.scale, other.scale)
             and np.array_equal(self.zero_point, other.zero_point)
+            and self.group_size == other.group_size
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -179,6 +208,8 @@ class TensorQParams:
             out["consumers"] = list(self.consumers)
         if self.quantizer:
             out["quantizer"] = self.quantizer
+        if self.group_size is not None:
+            out["group_size"] = self.group_size
         return out
 
 

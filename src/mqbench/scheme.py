@@ -21,10 +21,23 @@ from typing import Any
 
 import torch
 
-__all__ = ["MAX_BITS", "MIN_BITS", "QuantScheme", "QuantizeScheme"]
+__all__ = ["MAX_BITS", "MIN_BITS", "QuantScheme", "QuantizeScheme", "check_group_size"]
 
 MIN_BITS = 2
 MAX_BITS = 16
+
+
+def check_group_size(group_size: Any, per_channel: bool, ch_axis: int) -> int:
+    """``group_size`` checked: an int of at least 2 on a per-channel scheme of axis 0 (groups of input channels
+    within each output channel)."""
+    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 2:
+        raise ValueError(f"group_size must be an int of at least 2 (32, 64, 128 are usual), got {group_size!r}")
+    if not per_channel or ch_axis != 0:
+        raise ValueError(
+            f"group_size={group_size} groups the input channels of each output channel: it needs per_channel=True "
+            f"on ch_axis 0 (got per_channel={per_channel}, ch_axis={ch_axis})"
+        )
+    return group_size
 
 
 @dataclass(frozen=True)
@@ -40,6 +53,8 @@ class QuantScheme:
         symmetric_range: drop the most negative level, e.g. [-127, 127] for 8 bits.
         unsigned: a symmetric grid on [0, 2**bits - 1] with zero point 0 (inputs known to
             be non-negative, such as the output of a ReLU).
+        group_size: one scale (and zero point) per group of this many input channels (axis 1) of each
+            output channel: group-wise weights (W4A16 with groups of 128). Needs ``per_channel`` on axis 0.
     """
 
     bits: int = 8
@@ -49,6 +64,7 @@ class QuantScheme:
     pot_scale: bool = False
     symmetric_range: bool = False
     unsigned: bool = False
+    group_size: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.bits, bool) or not isinstance(self.bits, int):
@@ -63,6 +79,8 @@ class QuantScheme:
             raise ValueError("symmetric_range and unsigned cannot both be set: an unsigned grid has no negative side")
         if self.unsigned and not self.symmetric:
             raise ValueError("unsigned is a symmetric grid with zero point 0; set symmetric=True or drop unsigned")
+        if self.group_size is not None:
+            check_group_size(self.group_size, self.per_channel, self.ch_axis)
 
     @property
     def quant_min(self) -> int:
@@ -88,8 +106,11 @@ class QuantScheme:
         return torch.per_tensor_symmetric if self.symmetric else torch.per_tensor_affine
 
     def observer_kwargs(self) -> dict[str, Any]:
-        """The keyword arguments that give an observer or fake quantizer this scheme."""
+        """The keyword arguments that give an observer or fake quantizer this scheme (``group_size`` only where
+        set: it is the fake quantizer's, which groups the weight before its observer sees it)."""
+        group = {} if self.group_size is None else {"group_size": self.group_size}
         return {
+            **group,
             "dtype": torch.qint8 if self.quant_min < 0 else torch.quint8,
             "qscheme": self.torch_qscheme,
             "quant_min": self.quant_min,
@@ -128,7 +149,8 @@ class QuantScheme:
         """This scheme with the keys of ``values`` (as :meth:`from_dict` reads them) changed, the others kept.
 
         An asymmetric grid has no mirrored range and no unsigned form, so ``symmetry=False``
-        also clears ``symmetric_range`` and ``unsigned`` unless ``values`` sets them.
+        also clears ``symmetric_range`` and ``unsigned`` unless ``values`` sets them; ``per_channel=False``
+        clears ``group_size``.
 
         Example:
             >>> QuantScheme(8, per_channel=True, symmetric_range=True).updated({"bit": 4}).quant_range
@@ -138,6 +160,8 @@ class QuantScheme:
         if changes.get("symmetric") is False:
             changes.setdefault("symmetric_range", False)
             changes.setdefault("unsigned", False)
+        if changes.get("per_channel") is False:  # per-tensor has no groups
+            changes.setdefault("group_size", None)
         return replace(self, **changes)
 
 

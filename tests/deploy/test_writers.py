@@ -670,6 +670,7 @@ def test_every_format_is_one_record_that_verification_can_check():
         "onnx",
         "qlinear_onnx",
         "openvino_onnx",
+        "matmulnbits_onnx",
     }
 
 

@@ -17,6 +17,8 @@ from typing import Any
 from mqbench.backends import (
     academic,
     academic_nlp,
+    llm_w4a16,
+    llm_w8a16,
     nnie,
     onnx_qnn,
     openvino,
@@ -62,6 +64,8 @@ _BUILTIN = (
     stpu,
     qdq,
 )
+# Built in beyond MQBench's fourteen (no BackendType member, whose list is MQBench's): the weight-only formats.
+_BUILTIN_BY_NAME = (llm_w4a16, llm_w8a16)
 
 
 class BackendType(str, Enum):
@@ -243,7 +247,7 @@ def spec_from_params(name: str, params: Mapping[str, Any], like: str = "tensorrt
     )
 
 
-ParamsTable = BackendRegistry({module.SPEC.name: module.SPEC for module in _BUILTIN})
+ParamsTable = BackendRegistry({module.SPEC.name: module.SPEC for module in (*_BUILTIN, *_BUILTIN_BY_NAME)})
 
 
 # Builders of a BackendSpec from another declaration (mqbench.backend_config adds the BackendConfig one

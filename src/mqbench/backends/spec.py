@@ -89,6 +89,7 @@ class QuantizerSpec:
             f"{s.bits}-bit",
             "sym" if s.symmetric else "asym",
             f"per-channel(axis {s.ch_axis})" if s.per_channel else "per-tensor",
+            *([f"groups of {s.group_size}"] if s.group_size is not None else []),
             f"[{s.quant_min}, {s.quant_max}]",
         ]
         if s.pot_scale:
@@ -194,7 +195,8 @@ class BackendSpec:
     """Everything about one backend: default quantizers, placement and fusion.
 
     ``weight`` / ``activation`` may be None (the Academic backends): the user's
-    ``extra_qconfig_dict`` must then supply them.
+    ``extra_qconfig_dict`` must then supply them. A ``weight_only`` backend has no activation
+    quantizers (``activation`` None, an empty placement).
     """
 
     name: str
@@ -222,9 +224,16 @@ class BackendSpec:
     mixed_precision_bits: tuple[int, ...] = ()
     # What post-training calibration does by default (mqbench.advanced_ptq.calibrate; mqbench ptq).
     ptq_recipe: PTQRecipe = PTQRecipe()
+    # Weights only: activations stay float (W4A16, W8A16); ``activation`` is None and needs no user settings.
+    weight_only: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "deploy", tuple(self.deploy))
         object.__setattr__(self, "mixed_precision_bits", tuple(self.mixed_precision_bits))
         if not self.name or self.name != self.name.lower():
             raise ValueError(f"backend names are lowercase and non-empty, got {self.name!r}")
+        if self.weight_only and (self.weight is None or self.activation is not None or self.placement != Placement()):
+            raise ValueError(
+                f"backend {self.name!r} is weight-only: give it a weight quantizer, no activation quantizer and an "
+                "empty placement (Placement())"
+            )

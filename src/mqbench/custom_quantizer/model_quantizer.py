@@ -288,6 +288,11 @@ class _PlacementFrontEnd(FrontEnd):
         return Rules(self.spec.placement, self.quantizer._quantizes_input(dict(gm.named_modules())), self._excluded)
 
     def activation_quantizer(self, site: ActivationSite) -> Factory:
+        if self.qconfig.activation is None:
+            raise ValueError(
+                f"backend {self.spec.name!r} quantizes weights only and has no activation quantizer for {site}; "
+                "drop the extra_quantizer_dict entries that ask for one, or use a backend with activation quantizers"
+            )
         return activation_variant(self.qconfig.activation, site, self.qconfig.reduce_range, self.backend)
 
     def float_reason(self, node: fx.Node, modules: Mapping[str, nn.Module]) -> str:

@@ -30,9 +30,9 @@ class QConfigPair:
     """
 
     weight: Factory
-    activation: Factory
+    activation: Factory | None  # None: a weight-only backend (no activation quantizers)
     weight_spec: QuantizerSpec
-    activation_spec: QuantizerSpec
+    activation_spec: QuantizerSpec | None
     reduce_range: bool = False
 
 
@@ -92,6 +92,24 @@ def resolve_qconfig(
     """
     extra = dict(extra_qconfig_dict or {})
     check_keys(extra, VALID_QCONFIG_KEYS, "extra_qconfig_dict")
+    if spec.weight_only:
+        activation_keys = [key for key in extra if key.startswith("a_")]
+        if activation_keys:
+            raise ValueError(
+                f"backend {spec.name!r} quantizes weights only (activations stay float), so extra_qconfig_dict's "
+                f"{activation_keys} have nothing to set; quantize activations on a backend that does (e.g. 'academic')"
+            )
+        weight_only = _side(spec.weight, "w", extra)
+        try:
+            factory = weight_only.factory()
+        except KeyError as error:
+            raise ValueError(str(error.args[0])) from None
+        _check_grid(spec, "w", spec.weight, factory)
+        if reduce_range:
+            raise ValueError(
+                f"reduce_range is for 8-bit int8 CPU kernels; backend {spec.name!r} quantizes weights only"
+            )
+        return QConfigPair(factory, None, weight_only, None, False)
     missing = [
         f"{side}_{key}"
         for side, default in (("w", spec.weight), ("a", spec.activation))

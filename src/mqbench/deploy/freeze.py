@@ -20,7 +20,7 @@ from torch import Tensor, fx, nn
 from mqbench.custom_quantizer.passes import set_submodule
 from mqbench.fake_quantize.quantize_base import QuantizeBase, _exporting
 from mqbench.fake_quantize.role import role_of, set_role
-from mqbench.functional import fake_quantize, fake_quantize_for_export
+from mqbench.functional import fake_quantize, fake_quantize_for_export, from_groups, to_groups
 from mqbench.grids import grid_of
 from mqbench.nn.intrinsic.qat.modules.bn_folding import BnFoldingModule
 from mqbench.qparams import TensorQParams, float32_refusal
@@ -60,9 +60,11 @@ class FrozenQuantizer(nn.Module):
         kind: str,
         data_max: Tensor | None = None,
         grid: str = "linear",
+        group_size: int | None = None,
     ) -> None:
         super().__init__()
         self.name = name
+        self.group_size = group_size  # quantized as rows of this many input channels (mqbench.functional.to_groups)
         self.register_buffer("scale", scale.detach().float().reshape(-1).clone())
         self.register_buffer("zero_point", torch.round(zero_point.detach().float()).to(torch.int32).reshape(-1))
         self.quant_min, self.quant_max, self.axis, self.kind = quant_min, quant_max, axis, kind
@@ -76,20 +78,28 @@ class FrozenQuantizer(nn.Module):
         self.tap: Tap | None = None
 
     def forward(self, x: Tensor) -> Tensor:
+        if self.group_size is not None:
+            y = from_groups(self._quantize(to_groups(x, self.group_size)), x.shape, self.group_size)
+        else:
+            y = self._quantize(x)
+        if self.tap is not None:
+            self.tap(self, x, y)
+        return y
+
+    def _quantize(self, x: Tensor) -> Tensor:
         if self._entry is not None:
             y = grid_of(self.grid).simulate(self._entry, x)
         elif _exporting():
             y = fake_quantize_for_export(x, self.scale, self.zero_point, self.quant_min, self.quant_max, self.axis)
         else:
             y = fake_quantize(x, self.scale, self.zero_point, self.quant_min, self.quant_max, self.axis)
-        if self.tap is not None:
-            self.tap(self, x, y)
         return y
 
     def extra_repr(self) -> str:
         if self.grid != "linear":
             return f"{self.name}: {self.grid} grid, data_max={self.data_max}"
-        return f"{self.name}: [{self.quant_min}, {self.quant_max}], axis={self.axis}, {self.kind}"
+        groups = f", groups of {self.group_size}" if self.group_size is not None else ""
+        return f"{self.name}: [{self.quant_min}, {self.quant_max}], axis={self.axis}{groups}, {self.kind}"
 
 
 def uncalibrated_quantizers(model: nn.Module) -> list[str]:
@@ -131,6 +141,7 @@ def _freeze(name: str, quantizer: QuantizeBase, kind: str) -> FrozenQuantizer:
         kind,
         params.get("data_max"),
         grid.name,
+        quantizer.group_size,
     )
 
 

@@ -26,9 +26,11 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 import onnx
-from onnx import helper
+import onnx.version_converter
+from onnx import helper, numpy_helper
 
 from mqbench.deploy.comparison import (
     REDUCE_RANGE_REMEDY,
@@ -59,9 +61,22 @@ from mqbench.grids import grid_of
 from mqbench.nn.quantized.saturation import ORT_MLAS_AVX2
 from mqbench.qparams import QParamTable, TensorQParams
 
-__all__ = ["container", "insert_qdq"]
+__all__ = ["BLOCKED_OPSET", "at_opset", "container", "insert_qdq", "integer_type"]
+
+BLOCKED_OPSET = 21  # DequantizeLinear's block_size and the 4-bit integer types
 
 _LN2 = float(np.log(2.0))
+
+
+def integer_type(quant_min: int, quant_max: int) -> np.dtype:
+    """The narrowest integer type ONNX's DequantizeLinear reads that holds ``[quant_min, quant_max]``: 4, 8 or
+    16 bits, signed where the range reaches below zero (4-bit types are ml_dtypes', stored packed)."""
+    types = ((4, ml_dtypes.int4, ml_dtypes.uint4), (8, np.int8, np.uint8), (16, np.int16, np.uint16))
+    for bits, signed, unsigned in types:
+        low, high = (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1) if quant_min < 0 else (0, 2**bits - 1)
+        if low <= quant_min and quant_max <= high:
+            return np.dtype(signed if quant_min < 0 else unsigned)
+    raise ValueError(f"no DequantizeLinear integer type holds [{quant_min}, {quant_max}]")
 
 
 def container(entry: TensorQParams) -> tuple[int, int, np.dtype]:
@@ -79,6 +94,7 @@ class _Builder:
         self.ranks = {v.name: len(v.type.tensor_type.shape.dim) for v in self.graph.input}
         self.ranks.update({i.name: len(i.dims) for i in self.graph.initializer})
         self.ranks.update({v.name: len(v.type.tensor_type.shape.dim) for v in self.graph.value_info})
+        self.dropped: set[str] = set()  # float initializers an integer form replaced (removed once unread)
 
     def name(self, base: str) -> str:
         return unique_name(base, self.taken)
@@ -141,6 +157,29 @@ class _Builder:
         q = self.node("QuantizeLinear", [x, scale_name, zero_name], f"{tensor}_quantized", **attrs)
         return self.node("DequantizeLinear", [q, scale_name, zero_name], f"{tensor}_dq", **attrs)
 
+    def blocked(self, tensor: str, entry: TensorQParams) -> str:
+        """A group-wise weight as its integers (4-bit types where the grid fits, else 8 or 16 bits) and a blocked
+        DequantizeLinear (axis 1, block_size the group size; opset 21): the file holds the packed integers."""
+        init = next((i for i in self.graph.initializer if i.name == tensor), None)
+        if init is None:
+            raise ValueError(
+                f"group-wise quantization of {tensor!r} needs a constant weight (an initializer); this model "
+                "computes it"
+            )
+        weight = numpy_helper.to_array(init).astype(np.float64)
+        scale = entry.expanded(entry.scale.astype(np.float64), weight.shape)
+        zero = entry.expanded(entry.zero_point.astype(np.float64), weight.shape)
+        levels = np.clip(np.rint(weight / scale) + zero, entry.quant_min, entry.quant_max)
+        dtype = integer_type(entry.quant_min, entry.quant_max)
+        assert entry.group_size is not None
+        ints = self.name(f"{tensor}_quantized")
+        self.graph.initializer.append(numpy_helper.from_array(levels.astype(dtype), ints))
+        scale_name = self.const(f"{tensor}_scale", entry.blocked(entry.scale.astype(np.float32), weight.shape))
+        zero_name = self.const(f"{tensor}_zero_point", entry.blocked(entry.zero_point, weight.shape).astype(dtype))
+        self.dropped.add(tensor)
+        attrs = {"axis": 1, "block_size": entry.group_size}
+        return self.node("DequantizeLinear", [ints, scale_name, zero_name], f"{tensor}_dq", **attrs)
+
     def linear_wide(self, tensor: str, entry: TensorQParams) -> str:
         scale = self.broadcast(tensor, entry.scale.astype(np.float32), entry, f"{tensor}_scale")
         zero = self.broadcast(tensor, entry.zero_point.astype(np.float32), entry, f"{tensor}_zero_point")
@@ -165,7 +204,10 @@ def insert_qdq(
     model returned: a quantized tensor also returned as it is (``v = relu(conv1(x)); return conv2(v), v``)
     stays float there; a returned quantizer output is an ``Identity`` consumer of its own (the strip step's).
     """
-    model = onnx.ModelProto.FromString(model.SerializeToString())
+    if any(e.group_size is not None for e in table.values()):
+        model = at_opset(model, BLOCKED_OPSET)  # (a converted copy)
+    else:
+        model = onnx.ModelProto.FromString(model.SerializeToString())
     graph = model.graph
     builder = _Builder(model)
     users = consumers_of(graph)
@@ -194,10 +236,35 @@ def insert_qdq(
         dequantized[tensor] = result
     graph.node.extend(builder.nodes)
     topological_sort(graph)
+    if builder.dropped:
+        read = {name for node in graph.node for name in node.input} | output_names
+        kept = [i for i in graph.initializer if i.name not in builder.dropped or i.name in read]
+        del graph.initializer[:]
+        graph.initializer.extend(kept)
     needed = max((grid_of(e.grid).min_opset for e in table.values()), default=0)
+    if any(e.group_size is not None for e in table.values()):
+        needed = max(needed, BLOCKED_OPSET)
+        model.ir_version = max(model.ir_version, 10)  # 4-bit integer types
     if needed:
         _require_opset(model, needed)
     return model, dequantized
+
+
+def at_opset(model: onnx.ModelProto, version: int) -> onnx.ModelProto:
+    """A copy of ``model`` at opset ``version`` or above (ops whose signature changed are rewritten by onnx's
+    version converter; the tensors keep their names)."""
+    current = max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=version)
+    if current >= version:
+        return onnx.ModelProto.FromString(model.SerializeToString())
+    try:
+        converted = onnx.version_converter.convert_version(model, version)
+    except Exception as error:  # the converter raises its own types
+        raise ValueError(
+            f"the exported model (opset {current}) could not be converted to opset {version}, which blocked "
+            f"DequantizeLinear and 4-bit types need: {str(error).splitlines()[0] if str(error) else error!r}"
+        ) from None
+    converted.ir_version = max(converted.ir_version, 10)
+    return converted
 
 
 def _require_opset(model: onnx.ModelProto, version: int) -> None:

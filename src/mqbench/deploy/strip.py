@@ -268,13 +268,14 @@ def strip_quantizers(exported: ExportedGraph) -> tuple[onnx.ModelProto, QParamTa
             quantizer.zero_point.numpy(),
             quantizer.quant_min,
             quantizer.quant_max,
-            quantizer.axis,
+            1 if quantizer.group_size is not None else quantizer.axis,  # group-wise: blocked along axis 1
             kind=quantizer.kind,
             consumers=None if quantizer.kind == "weight" else consumers,
             grid=quantizer.grid,
             data_max=quantizer.data_max,
             quantizer=quantizer.name,
             extra={"call": call},
+            group_size=quantizer.group_size,
         )
         previous = entries.get(source)
         if previous is not None:

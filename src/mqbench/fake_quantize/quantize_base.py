@@ -7,8 +7,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from mqbench.functional import bits_of_range, fake_quantize_for_export
+from mqbench.functional import bits_of_range, fake_quantize_for_export, from_groups, to_groups
 from mqbench.observer import MinMaxObserver
+from mqbench.scheme import check_group_size
 from mqbench.utils.factory import Factory
 from mqbench.utils.state_dict import resize_to_state_dict
 
@@ -53,6 +54,7 @@ class QuantizeBase(nn.Module):
 
     def __init__(self, observer: Any = MinMaxObserver, **observer_kwargs: Any) -> None:
         super().__init__()
+        group_size = observer_kwargs.pop("group_size", None)
         self.activation_post_process = observer(**observer_kwargs)
         post = self.activation_post_process
         self.dtype = post.dtype
@@ -61,6 +63,15 @@ class QuantizeBase(nn.Module):
         self.quant_max: int = post.quant_max
         self.ch_axis: int = post.ch_axis if post.is_per_channel else -1
         self.pot_scale: bool = post.pot_scale
+        # group-wise: the weight is quantized as rows of group_size input channels (mqbench.functional.to_groups)
+        self.group_size: int | None = None
+        if group_size is not None:
+            self.group_size = check_group_size(group_size, post.is_per_channel, self.ch_axis)
+            if type(self).forward is not QuantizeBase.forward or self.deploy_grid != "linear":
+                raise ValueError(
+                    f"{type(self).__name__} does not quantize in groups (its forward or grid is its own); use "
+                    "FixedFakeQuantize or LearnableFakeQuantize with group_size"
+                )
         self.register_buffer("fake_quant_enabled", torch.tensor([1], dtype=torch.uint8))
         self.register_buffer("observer_enabled", torch.tensor([1], dtype=torch.uint8))
         self._switches = {"observer": True, "fake_quant": True}
@@ -124,6 +135,11 @@ class QuantizeBase(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         if not x.is_floating_point():  # integer arithmetic (position ids, indices) is not quantized
             return x
+        if self.group_size is not None:  # one row per group, quantized per row; back to the weight's shape
+            return from_groups(self._forward(to_groups(x, self.group_size)), x.shape, self.group_size)
+        return self._forward(x)
+
+    def _forward(self, x: Tensor) -> Tensor:
         if _exporting():
             return self.export_forward(x) if self._switch("fake_quant") else x
         if self._switch("observer"):
@@ -153,6 +169,7 @@ class QuantizeBase(nn.Module):
             or torch.jit.is_tracing()
             or _exporting()
             or bool((factor == 0).any())
+            or self.group_size is not None
         ):
             return None
         return self._quantize_folded(weight, factor)
@@ -202,4 +219,5 @@ class QuantizeBase(nn.Module):
         return (
             f"fake_quant_enabled={int(self.fake_quant_enabled[0])}, observer_enabled={int(self.observer_enabled[0])}, "
             f"quant_min={self.quant_min}, quant_max={self.quant_max}, qscheme={self.qscheme}, ch_axis={self.ch_axis}"
+            + (f", group_size={self.group_size}" if self.group_size is not None else "")
         )

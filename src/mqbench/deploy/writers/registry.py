@@ -33,7 +33,18 @@ import onnx
 
 from mqbench.backends.spec import BackendSpec
 from mqbench.deploy import qdq, qlinear
-from mqbench.deploy.writers import calib_cache, clip_ranges, nnie, openvino, ppl, snpe, stpu, tengine, vitis
+from mqbench.deploy.writers import (
+    calib_cache,
+    clip_ranges,
+    matmulnbits,
+    nnie,
+    openvino,
+    ppl,
+    snpe,
+    stpu,
+    tengine,
+    vitis,
+)
 from mqbench.qparams import QParamTable
 
 if TYPE_CHECKING:
@@ -89,6 +100,14 @@ _FORMATS = [
     ),
     ArtifactFormat(
         "openvino_onnx", openvino.write, run=openvino.verify, serve=openvino.serve, serve_rank=2, description="OpenVINO"
+    ),
+    ArtifactFormat(
+        matmulnbits.KEY,
+        matmulnbits.write,
+        run=matmulnbits.verify,
+        serve=matmulnbits.serve,
+        serve_rank=1,
+        description="the weight-only backends: onnxruntime's MatMulNBits for group-wise linear layers",
     ),
     ArtifactFormat(
         "onnx",
