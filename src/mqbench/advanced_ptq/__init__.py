@@ -8,6 +8,7 @@ calibrated first. See :mod:`mqbench.advanced_ptq.reconstruction` for the algorit
 
 from mqbench.advanced_ptq.calibration import calibrate
 from mqbench.advanced_ptq.correction import bias_correction, cross_layer_equalization
+from mqbench.advanced_ptq.gptq import GPTQ_DEFAULTS, gptq
 from mqbench.advanced_ptq.mqbench_api import (
     USE_DDP,
     USE_LINK,
@@ -43,6 +44,7 @@ from mqbench.advanced_ptq.units import Unit, cut_points, find_units
 __all__ = [
     "ALPHAS",
     "CONFIG_DEFAULTS",
+    "GPTQ_DEFAULTS",
     "USE_DDP",
     "USE_LINK",
     "ChannelScale",
@@ -63,6 +65,7 @@ __all__ = [
     "find_units",
     "find_used_times",
     "get_io_of_block",
+    "gptq",
     "insert_fake_modules",
     "layer_has_weights",
     "lp_loss",

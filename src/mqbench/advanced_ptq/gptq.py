@@ -1,0 +1,214 @@
+"""GPTQ (Frantar et al., 2023): weights rounded one input column at a time, each column's error spread over the
+columns not yet rounded so that the layer's output on the calibration data changes least.
+
+For a linear layer with weight ``W`` ``[out, in]`` and inputs ``X`` ``[tokens, in]``, ``H = 2 X^T X / tokens`` is the
+Hessian of the output error ``||(W - Q) X^T||^2``. Rounding column ``i`` to ``q`` with error ``e = w_i - q`` is
+best compensated by moving the remaining columns by ``-e / [H^-1]_ii * [H^-1]_{i, rest}`` (the optimal brain
+surgeon update); GPTQ does this for every column in order, through the upper Cholesky factor of ``H^-1`` and in
+lazy blocks of columns (``block_size``) so that most of the work is one matrix product per block. ``damp`` adds
+that fraction of the mean diagonal to ``H`` (a calibration set with fewer tokens than inputs leaves it singular);
+``act_order`` rounds the columns of largest ``H_ii`` first, with the group scales then computed from the weights
+before any update (contiguous groups, as every deployed format holds them); otherwise each group's scale is
+computed when its first column is reached, from the weights as updated so far.
+
+``gptq(model, cali_data, config)`` runs it on every linear layer of a prepared model, one site (the layers reading
+one value) at a time in graph order, each site's inputs computed with the layers before it already quantized.
+Each layer's weight is replaced by its rounded values and its weight quantizer keeps the scales GPTQ used (its
+observer stopped). ``model.meta["gptq"]`` holds per layer the output error of rounding to nearest and of GPTQ.
+
+Example:
+    >>> import torch
+    >>> from torch import nn
+    >>> from mqbench.prepare_by_platform import prepare_by_platform
+    >>> from mqbench.advanced_ptq import gptq
+    >>> _ = torch.manual_seed(0)
+    >>> model = nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 8)).eval()
+    >>> qmodel = prepare_by_platform(model, "llm_w4a16", {"extra_qconfig_dict": {"w_qscheme": {"group_size": 32}}})
+    >>> qmodel = gptq(qmodel, [torch.randn(64, 64) for _ in range(4)])
+    >>> all(r["gptq"] <= r["rtn"] for r in qmodel.meta["gptq"].values())
+    True
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+from torch import Tensor, fx
+
+from mqbench.advanced_ptq.weight_only import (
+    calibrate_weights,
+    collect_inputs,
+    config_with,
+    fix_qparams,
+    grid_qparams,
+    linear_sites,
+)
+from mqbench.fake_quantize.quantize_base import QuantizeBase
+from mqbench.utils.logger import logger
+
+__all__ = ["GPTQ_DEFAULTS", "gptq", "gptq_quantize", "round_to_grid"]
+
+GPTQ_DEFAULTS: Mapping[str, Any] = {
+    "block_size": 128,  # columns per lazy batch update
+    "damp": 0.01,  # fraction of the mean of diag(H) added to its diagonal
+    "act_order": False,  # round columns of largest H_ii first (group scales then from the weights before updates)
+    "layers": None,  # names of the linear layers to run on (default: every one with an enabled weight quantizer)
+}
+
+QParams = Callable[[Tensor], tuple[Tensor, Tensor]]
+
+
+def round_to_grid(w: Tensor, scale: Tensor, zero: Tensor, quant_min: int, quant_max: int) -> Tensor:
+    """``(clamp(round(w / s) + z) - z) * s`` in float32 (the simulation's arithmetic), returned in ``w``'s type."""
+    s, z = scale.float(), zero.float()
+    return ((torch.clamp(torch.round(w.float() / s) + z, quant_min, quant_max) - z) * s).to(w.dtype)
+
+
+def gptq_quantize(
+    weight: Tensor,
+    hessian: Tensor,
+    qparams: QParams,
+    quant_min: int,
+    quant_max: int,
+    group_size: int | None = None,
+    block_size: int = 128,
+    damp: float = 0.01,
+    act_order: bool = False,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """GPTQ of one weight ``[out, in]`` with Hessian ``[in, in]``: (rounded weight, scales, zero points), the
+    last two ``[out, groups]`` (one group per row without ``group_size``).
+
+    ``qparams(columns)`` gives the per-row (scale, zero point) of a block of columns ``[out, n]`` on the grid
+    ``[quant_min, quant_max]``: of a group, or of the whole weight without groups.
+    """
+    W = weight.detach().double().clone()
+    H = hessian.detach().double().clone()
+    rows, columns = W.shape
+    dead = torch.diag(H) == 0
+    H[dead, dead] = 1.0
+    W[:, dead] = 0.0
+    size = group_size or columns
+    groups = (columns + size - 1) // size
+    scales = torch.zeros(rows, groups, dtype=torch.float64)
+    zeros = torch.zeros(rows, groups, dtype=torch.float64)
+    known = torch.zeros(groups, dtype=torch.bool)
+    if group_size is None or act_order:  # from the weights before any update
+        for g in range(groups):
+            s, z = qparams(W[:, g * size : (g + 1) * size])
+            scales[:, g], zeros[:, g] = s.double().reshape(-1), z.double().reshape(-1)
+        known[:] = True
+    perm = torch.argsort(torch.diag(H), descending=True) if act_order else torch.arange(columns)
+    W, H = W[:, perm], H[perm][:, perm]
+    H += damp * torch.mean(torch.diag(H)) * torch.eye(columns, dtype=torch.float64)
+    U = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(H)), upper=True)
+    Q = torch.zeros_like(W)
+    for i1 in range(0, columns, block_size):
+        i2 = min(i1 + block_size, columns)
+        W1, Err1, U1 = W[:, i1:i2].clone(), torch.zeros(rows, i2 - i1, dtype=torch.float64), U[i1:i2, i1:i2]
+        for i in range(i2 - i1):
+            column = int(perm[i1 + i])
+            g = column // size
+            if not known[g]:  # its first column (no act_order: columns in order): the weights as updated so far
+                pending = W[:, i2:] - Err1[:, :i] @ U[i1 : i1 + i, i2:]
+                current = torch.cat([W1[:, i:], pending], dim=1)[:, : min(size, columns - column)]
+                s, z = qparams(current)
+                scales[:, g], zeros[:, g] = s.double().reshape(-1), z.double().reshape(-1)
+                known[g] = True
+            w = W1[:, i]
+            q = round_to_grid(w, scales[:, g], zeros[:, g], quant_min, quant_max)
+            Q[:, i1 + i] = q
+            err = (w - q) / U1[i, i]
+            W1[:, i:] -= err[:, None] * U1[i, i:][None, :]
+            Err1[:, i] = err
+        W[:, i2:] -= Err1 @ U[i1:i2, i2:]
+    return Q[:, torch.argsort(perm)], scales, zeros
+
+
+def _output_error(weight: Tensor, rounded: Tensor, hessian: Tensor) -> float:
+    """``tr((W - Q) H (W - Q)^T)``: the output error the Hessian measures (mean over calibration tokens, x2)."""
+    delta = (weight.double() - rounded.double()).detach()
+    return float(torch.einsum("oi,ij,oj->", delta, hessian, delta))
+
+
+def gptq(model: fx.GraphModule, cali_data: Any, config: Mapping[str, Any] | None = None) -> fx.GraphModule:
+    """GPTQ on every linear layer of ``model`` (prepared by ``prepare_by_platform``); returns it (changed in place).
+
+    ``cali_data``: a list of input batches (tensors, tuples of positional inputs, or dicts), as for
+    ``ptq_reconstruction``. ``config`` keys: see :data:`GPTQ_DEFAULTS` (unknown keys are errors).
+    """
+    cfg = config_with(GPTQ_DEFAULTS, config, "gptq")
+    if not isinstance(cfg["block_size"], int) or cfg["block_size"] < 1:
+        raise ValueError(f"gptq config block_size must be a positive int, got {cfg['block_size']!r}")
+    if not 0 <= float(cfg["damp"]) < 1:
+        raise ValueError(f"gptq config damp must be in [0, 1), got {cfg['damp']!r}")
+    sites = linear_sites(model, cfg["layers"], "gptq")
+    calibrate_weights(model)
+    report: dict[str, dict[str, float]] = {}
+    for site in sites:
+        hessians, tokens = _hessians(model, cali_data, site.layers)
+        for layer in site.layers:
+            if not tokens[layer.name]:
+                logger.info("gptq: %s saw no input; left as it was", layer.name)
+                continue
+            started = time.perf_counter()
+            H = 2.0 * hessians[layer.name] / tokens[layer.name]
+            quantizer = layer.quantizer
+            weight = quantizer.deploy_weight(layer.module.weight.detach()).clone()
+            rounded, scales, zeros = gptq_quantize(
+                weight,
+                H,
+                _qparams_of(quantizer),
+                quantizer.quant_min,
+                quantizer.quant_max,
+                quantizer.group_size,
+                cfg["block_size"],
+                float(cfg["damp"]),
+                bool(cfg["act_order"]),
+            )
+            nearest = _rtn(quantizer, weight)
+            with torch.no_grad():
+                layer.module.weight.copy_(rounded.to(layer.module.weight.dtype))
+            fix_qparams(quantizer, scales.reshape(-1).float(), zeros.reshape(-1))
+            report[layer.name] = {
+                "rtn": _output_error(weight, nearest, H),
+                "gptq": _output_error(weight, rounded, H),
+                "seconds": time.perf_counter() - started,
+            }
+    model.meta["gptq"] = report
+    logger.info("gptq: %d layer(s) rounded", len(report))
+    return model
+
+
+def _hessians(model: fx.GraphModule, cali_data: Any, layers: list[Any]) -> tuple[dict[str, Tensor], dict[str, int]]:
+    """Each layer's sum of ``x^T x`` over its calibration inputs, and the number of rows."""
+    hessians: dict[str, Tensor] = {}
+    tokens = {layer.name: 0 for layer in layers}
+
+    def reduce(layer: Any, rows: Tensor) -> None:
+        total = rows.T @ rows
+        hessians[layer.name] = total if layer.name not in hessians else hessians[layer.name] + total
+        tokens[layer.name] += rows.shape[0]
+
+    collect_inputs(model, cali_data, layers, reduce)
+    return hessians, tokens
+
+
+def _qparams_of(quantizer: QuantizeBase) -> QParams:
+    def qparams(columns: Tensor) -> tuple[Tensor, Tensor]:
+        scale, zero = grid_qparams(quantizer, columns.float())
+        return scale.reshape(columns.shape[0], -1)[:, 0], zero.reshape(columns.shape[0], -1)[:, 0]
+
+    return qparams
+
+
+def _rtn(quantizer: QuantizeBase, weight: Tensor) -> Tensor:
+    """Rounding to nearest on the quantizer's own grid for ``weight`` (its observer's parameters)."""
+    scale, zero = grid_qparams(quantizer, weight)
+    twin_scale = scale.reshape(weight.shape[0], -1)
+    twin_zero = zero.reshape(weight.shape[0], -1)
+    size = quantizer.group_size or weight.shape[1]
+    index = torch.arange(weight.shape[1]) // size
+    return round_to_grid(weight, twin_scale[:, index], twin_zero[:, index], quantizer.quant_min, quantizer.quant_max)

@@ -1,0 +1,190 @@
+"""What GPTQ and AWQ share: the linear layers of a prepared model, their weight grids and their inputs.
+
+A layer here is a linear module of the prepared model (``nn.Linear`` or its QAT form) whose weight quantizer is
+enabled and on a linear grid (per channel, or in groups of input channels). Layers reading the same graph value
+(the query, key and value projections of one attention) form one *site*: they share their input statistics.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor, fx, nn
+
+from mqbench.advanced_ptq.reconstruction import calibration_batches, call_with
+from mqbench.fake_quantize.quantize_base import QuantizeBase
+from mqbench.utils.config import check_keys
+
+__all__ = [
+    "Layer",
+    "Site",
+    "calibrate_weights",
+    "collect_inputs",
+    "config_with",
+    "fix_qparams",
+    "grid_qparams",
+    "linear_sites",
+]
+
+
+@dataclass
+class Layer:
+    name: str
+    module: nn.Linear
+    quantizer: QuantizeBase
+    node: fx.Node
+
+
+@dataclass
+class Site:
+    """Linear layers reading one graph value, in graph order."""
+
+    source: fx.Node
+    layers: list[Layer] = field(default_factory=list)
+
+
+def config_with(defaults: Mapping[str, Any], config: Mapping[str, Any] | None, what: str) -> dict[str, Any]:
+    """``defaults`` updated with ``config`` (unknown keys are errors naming the valid ones)."""
+    given = dict(config or {})
+    check_keys(given, defaults, f"{what} config")
+    return {**defaults, **given}
+
+
+def linear_sites(model: nn.Module, names: Sequence[str] | None = None, what: str = "") -> list[Site]:
+    """The sites of ``model`` (a prepared GraphModule), in graph order; ``names`` limits the layers."""
+    if not isinstance(model, fx.GraphModule):
+        raise ValueError(f"{what} takes the model prepare_by_platform returned, got {type(model).__name__}")
+    modules = dict(model.named_modules())
+    sites: dict[fx.Node, Site] = {}
+    found = set()
+    for node in model.graph.nodes:
+        module = modules.get(str(node.target)) if node.op == "call_module" else None
+        if not isinstance(module, nn.Linear) or not node.args or not isinstance(node.args[0], fx.Node):
+            continue
+        quantizer = getattr(module, "weight_fake_quant", None)
+        if not isinstance(quantizer, QuantizeBase) or quantizer.deploy_grid != "linear":
+            continue
+        if not quantizer._switch("fake_quant"):
+            continue
+        if names is not None and str(node.target) not in names:
+            continue
+        found.add(str(node.target))
+        site = sites.setdefault(node.args[0], Site(node.args[0]))
+        site.layers.append(Layer(str(node.target), module, quantizer, node))
+    if names is not None and set(names) - found:
+        raise ValueError(
+            f"{what}: {sorted(set(names) - found)} are not linear layers with an enabled weight quantizer; "
+            f"those of this model: {sorted(str(n.target) for n in model.graph.nodes if n.op == 'call_module')[:20]}"
+        )
+    if not sites:
+        raise ValueError(f"{what}: the model has no linear layer with an enabled weight quantizer on a linear grid")
+    return list(sites.values())
+
+
+@contextmanager
+def weights_quantized_only(model: nn.Module, weights: bool = True) -> Iterator[None]:
+    """Every quantizer's observer off; weight quantizers quantizing (``weights``) or not, activation quantizers as
+    they were (their fake quantization kept, their observers off); restored afterwards."""
+    saved = {}
+    for name, q in model.named_modules():
+        if isinstance(q, QuantizeBase):
+            saved[name] = (q.observer_enabled.clone(), q.fake_quant_enabled.clone())
+            q.disable_observer()
+            if name.endswith(".weight_fake_quant"):
+                q.enable_fake_quant(weights)
+    try:
+        yield
+    finally:
+        for name, q in model.named_modules():
+            if name in saved:
+                observer, fake_quant = saved[name]
+                q.enable_observer(bool(observer[0]))
+                q.enable_fake_quant(bool(fake_quant[0]))
+
+
+def collect_inputs(
+    model: nn.Module,
+    cali_data: Any,
+    layers: Sequence[Layer],
+    reduce: Callable[[Layer, Tensor], None],
+    weights: bool = True,
+) -> None:
+    """Run ``model`` on every calibration batch with the weights quantized (``weights``) or float, calling
+    ``reduce(layer, rows)`` with each layer's input as rows ``[tokens, in_features]`` (float64)."""
+    handles = []
+    for layer in layers:
+
+        def hook(module: nn.Module, args: tuple[Any, ...], layer: Layer = layer) -> None:
+            x = args[0].detach()
+            reduce(layer, x.reshape(-1, x.shape[-1]).double())
+
+        handles.append(layer.module.register_forward_pre_hook(hook))
+    try:
+        with weights_quantized_only(model, weights), torch.no_grad():
+            for batch in calibration_batches(cali_data):
+                call_with(model, batch)
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def calibrate_weights(model: nn.Module) -> list[str]:
+    """Calibrate every enabled weight quantizer that has observed nothing on its own weight (weights need no data);
+    the names calibrated."""
+    done = []
+    for name, module in model.named_modules():
+        quantizer = getattr(module, "weight_fake_quant", None)
+        weight = getattr(module, "weight", None)
+        if not isinstance(quantizer, QuantizeBase) or not isinstance(weight, Tensor):
+            continue
+        if not quantizer._switch("fake_quant") or quantizer.activation_post_process.calibrated:
+            continue
+        observer = quantizer._switch("observer")
+        quantizer.enable_observer()
+        with torch.no_grad():
+            quantizer(weight.detach())
+        quantizer.enable_observer(observer)
+        done.append(f"{name}.weight_fake_quant")
+    return done
+
+
+def _fresh(quantizer: QuantizeBase) -> QuantizeBase:
+    twin = copy.deepcopy(quantizer)
+    observer = twin.activation_post_process
+    if isinstance(getattr(observer, "num_batches", None), Tensor):
+        observer.num_batches.zero_()
+    twin.enable_observer()
+    twin.enable_fake_quant()
+    return twin
+
+
+def grid_qparams(quantizer: QuantizeBase, weight: Tensor) -> tuple[Tensor, Tensor]:
+    """The (scale, zero point) ``quantizer``'s observer computes for ``weight`` alone (per row or per group)."""
+    twin = _fresh(quantizer)
+    with torch.no_grad():
+        twin(weight.detach().float())
+    scale, zero_point = twin.export_qparams()
+    return scale.detach().clone(), zero_point.detach().clone()
+
+
+def fix_qparams(quantizer: QuantizeBase, scale: Tensor, zero_point: Tensor) -> None:
+    """Give ``quantizer`` these parameters and stop its observer (the algorithm chose them)."""
+    if not (isinstance(getattr(quantizer, "scale", None), Tensor) and isinstance(quantizer.zero_point, Tensor)):
+        raise ValueError(f"{type(quantizer).__name__} holds no scale / zero_point buffers to set")
+    with torch.no_grad():
+        if isinstance(quantizer.scale, nn.Parameter):
+            quantizer.scale.data = scale.to(quantizer.scale.dtype).reshape(-1).clone()
+        else:
+            quantizer.scale = scale.to(quantizer.scale.dtype).reshape(-1).clone()
+        zero = zero_point.to(quantizer.zero_point.dtype).reshape(-1).clone()
+        if isinstance(quantizer.zero_point, nn.Parameter):
+            quantizer.zero_point.data = zero
+        else:
+            quantizer.zero_point = zero
+    quantizer.disable_observer()
+    quantizer.enable_fake_quant()
