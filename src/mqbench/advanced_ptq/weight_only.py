@@ -174,17 +174,14 @@ def grid_qparams(quantizer: QuantizeBase, weight: Tensor) -> tuple[Tensor, Tenso
 
 def fix_qparams(quantizer: QuantizeBase, scale: Tensor, zero_point: Tensor) -> None:
     """Give ``quantizer`` these parameters and stop its observer (the algorithm chose them)."""
-    if not (isinstance(getattr(quantizer, "scale", None), Tensor) and isinstance(quantizer.zero_point, Tensor)):
-        raise ValueError(f"{type(quantizer).__name__} holds no scale / zero_point buffers to set")
-    with torch.no_grad():
-        if isinstance(quantizer.scale, nn.Parameter):
-            quantizer.scale.data = scale.to(quantizer.scale.dtype).reshape(-1).clone()
+    for attribute, value in (("scale", scale), ("zero_point", zero_point)):
+        held = getattr(quantizer, attribute, None)
+        if not isinstance(held, Tensor):
+            raise ValueError(f"{type(quantizer).__name__} holds no {attribute} tensor to set")
+        new = value.detach().to(held.dtype).reshape(-1).clone()
+        if isinstance(held, nn.Parameter):
+            held.data = new
         else:
-            quantizer.scale = scale.to(quantizer.scale.dtype).reshape(-1).clone()
-        zero = zero_point.to(quantizer.zero_point.dtype).reshape(-1).clone()
-        if isinstance(quantizer.zero_point, nn.Parameter):
-            quantizer.zero_point.data = zero
-        else:
-            quantizer.zero_point = zero
+            setattr(quantizer, attribute, new)
     quantizer.disable_observer()
     quantizer.enable_fake_quant()
