@@ -6,6 +6,7 @@ calibrated first. See :mod:`mqbench.advanced_ptq.reconstruction` for the algorit
 :mod:`mqbench.advanced_ptq.units` for how units are found.
 """
 
+from mqbench.advanced_ptq.awq import AWQ_DEFAULTS, awq
 from mqbench.advanced_ptq.calibration import calibrate
 from mqbench.advanced_ptq.correction import bias_correction, cross_layer_equalization
 from mqbench.advanced_ptq.gptq import GPTQ_DEFAULTS, gptq
@@ -43,6 +44,7 @@ from mqbench.advanced_ptq.units import Unit, cut_points, find_units
 
 __all__ = [
     "ALPHAS",
+    "AWQ_DEFAULTS",
     "CONFIG_DEFAULTS",
     "GPTQ_DEFAULTS",
     "USE_DDP",
@@ -53,6 +55,7 @@ __all__ = [
     "LossFunction",
     "ReconstructionConfig",
     "Unit",
+    "awq",
     "bias_correction",
     "calibrate",
     "cross_layer_equalization",
