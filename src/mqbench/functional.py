@@ -35,6 +35,7 @@ from mqbench import kernels
 
 __all__ = [
     "EPS",
+    "FP8_FORMATS",
     "ParamTangents",
     "bits_of_range",
     "broadcast_to_axis",
@@ -42,6 +43,7 @@ __all__ = [
     "fake_quantize",
     "fake_quantize_for_export",
     "folded_learnable_fake_quantize",
+    "fp8_quantize",
     "from_groups",
     "group_shape",
     "learnable_fake_quantize",
@@ -493,3 +495,40 @@ def from_groups(rows: Tensor, shape: tuple[int, ...] | torch.Size, group_size: i
     x = rows.reshape(*blocks, group_size).movedim(-1, 2)
     x = x.reshape(blocks[0], blocks[1] * group_size, *blocks[2:])
     return x.narrow(1, 0, shape[1]) if x.shape[1] != shape[1] else x
+
+
+# -- FP8 --------------------------------------------------------------------------------------------------------
+# E4M3 (the "FN" variant: no infinities, largest 448) and E5M2 (largest 57344), as ONNX's FLOAT8E4M3FN / FLOAT8E5M2
+FP8_FORMATS: dict[str, torch.dtype] = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
+
+
+class _FP8STE(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, scale, largest, dtype):  # type: ignore[override]
+        y = x / scale
+        inside = y.abs() <= largest
+        ctx.save_for_backward(inside)
+        return torch.clamp(y, -largest, largest).to(dtype).to(x.dtype) * scale
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        (inside,) = ctx.saved_tensors
+        return grad * inside, None, None, None
+
+
+def fp8_quantize(x: Tensor, scale: Tensor, fmt: str = "e4m3", ch_axis: int | None = None) -> Tensor:
+    """``cast_fp8(clamp(x / scale, -M, M)) * scale``: saturating FP8 fake quantization, rounding to nearest even
+    (ONNX QuantizeLinear with ``saturate=1``); ``M`` the format's largest value; straight-through gradient
+    inside the range.
+
+    Example:
+        >>> import torch
+        >>> fp8_quantize(torch.tensor([0.3, 1000.0]), torch.tensor([1.0])).tolist()  # E4M3: 3 mantissa bits
+        [0.3125, 448.0]
+    """
+    dtype = FP8_FORMATS[fmt]
+    largest = float(torch.finfo(dtype).max)
+    s = broadcast_to_axis(scale.to(x.dtype), x, ch_axis)
+    if torch.onnx.is_in_onnx_export():  # its exported form is replaced by Q/DQ nodes (mqbench.grids.FP8Grid)
+        return torch.clamp(x / s, -largest, largest) * s
+    return _FP8STE.apply(x, s, largest, dtype)

@@ -39,13 +39,23 @@ import torch
 from torch import Tensor
 
 from mqbench import kernels
-from mqbench.functional import fake_quantize
+from mqbench.functional import FP8_FORMATS, fake_quantize, fp8_quantize
 from mqbench.utils.registry import Registry
 
 if TYPE_CHECKING:
     from mqbench.qparams import TensorQParams
 
-__all__ = ["GRIDS", "Grid", "LinearGrid", "LogGrid", "exponent_offset", "grid_of", "nnie_quantize", "register_grid"]
+__all__ = [
+    "GRIDS",
+    "FP8Grid",
+    "Grid",
+    "LinearGrid",
+    "LogGrid",
+    "exponent_offset",
+    "grid_of",
+    "nnie_quantize",
+    "register_grid",
+]
 
 
 class Grid:
@@ -258,11 +268,59 @@ class LogGrid(Grid):
         return str(node("Cast", [value], f"{tensor}_dq", to=onnx.TensorProto.FLOAT))
 
 
+# -- FP8 grids ---------------------------------------------------------------------------------------------------
+class FP8Grid(Grid):
+    """Saturating FP8 (E4M3FN or E5M2) with a float scale per tensor or per channel and no zero point: ONNX's
+    QuantizeLinear / DequantizeLinear on a FLOAT8 type (opset 19); ``quant_min`` / ``quant_max`` are the
+    format's largest value negated and itself."""
+
+    min_opset = 19
+
+    def __init__(self, fmt: str) -> None:
+        self.fmt = fmt
+        self.name = f"fp8_{fmt}"
+        self.dtype = FP8_FORMATS[fmt]
+        self.onnx_type = {"e4m3": onnx.TensorProto.FLOAT8E4M3FN, "e5m2": onnx.TensorProto.FLOAT8E5M2}[fmt]
+
+    def qparams_of(self, quantizer: Any) -> dict[str, Any]:
+        scale, zero_point = quantizer.export_qparams()
+        return {"scale": scale, "zero_point": torch.zeros_like(zero_point)}
+
+    def simulate(self, entry: TensorQParams, x: Tensor) -> Tensor:
+        return fp8_quantize(x, torch.from_numpy(entry.scale).to(x.device), self.fmt, entry.axis)
+
+    def steps(self, entry: TensorQParams, values: np.ndarray) -> np.ndarray:
+        """Each value's FP8 code as a signed ordinal (the magnitude code, negated for negative values): one LSB is
+        one FP8 value."""
+        values = np.asarray(values, np.float64)
+        scaled = values / _along_axis(entry.scale.astype(np.float64), entry, values.ndim)
+        fp8 = torch.from_numpy(np.ascontiguousarray(scaled, np.float32)).to(self.dtype).view(torch.uint8)
+        codes = fp8.numpy().astype(np.int64)
+        magnitude = codes & 0x7F
+        return np.where(codes & 0x80, -magnitude, magnitude).astype(np.float64)
+
+    def amax(self, entry: TensorQParams) -> np.ndarray:
+        return (float(torch.finfo(self.dtype).max) * entry.scale).astype(np.float32)
+
+    def to_onnx(self, builder: Any, tensor: str, entry: TensorQParams) -> str:
+        scale = entry.scale if entry.axis is not None else entry.scale.reshape(())
+        shape = list(scale.shape)
+        zero = onnx.helper.make_tensor(builder.name(f"{tensor}_zero_point"), self.onnx_type, shape, [0.0] * scale.size)
+        builder.graph.initializer.append(zero)
+        scale_name = builder.const(f"{tensor}_scale", scale.astype(np.float32))
+        attrs = {} if entry.axis is None else {"axis": entry.axis}
+        q = builder.node("QuantizeLinear", [tensor, scale_name, zero.name], f"{tensor}_quantized", saturate=1, **attrs)
+        return str(builder.node("DequantizeLinear", [q, scale_name, zero.name], f"{tensor}_dq", **attrs))
+
+
 class _GridRegistry(Registry[Grid]):
     missing_error = ValueError
 
 
-GRIDS: Registry[Grid] = _GridRegistry("quantization grid", {"linear": LinearGrid(), "log": LogGrid()})
+GRIDS: Registry[Grid] = _GridRegistry(
+    "quantization grid",
+    {"linear": LinearGrid(), "log": LogGrid(), "fp8_e4m3": FP8Grid("e4m3"), "fp8_e5m2": FP8Grid("e5m2")},
+)
 
 
 def register_grid(grid: Grid, replace: bool = False) -> Grid:

@@ -21,10 +21,11 @@ from typing import Any
 
 import torch
 
-__all__ = ["MAX_BITS", "MIN_BITS", "QuantScheme", "QuantizeScheme", "check_group_size"]
+__all__ = ["FP8_LARGEST", "MAX_BITS", "MIN_BITS", "QuantScheme", "QuantizeScheme", "check_group_size"]
 
 MIN_BITS = 2
 MAX_BITS = 16
+FP8_LARGEST = {"e4m3": 448, "e5m2": 57344}  # the largest finite value of E4M3FN and E5M2
 
 
 def check_group_size(group_size: Any, per_channel: bool, ch_axis: int) -> int:
@@ -55,6 +56,8 @@ class QuantScheme:
             be non-negative, such as the output of a ReLU).
         group_size: one scale (and zero point) per group of this many input channels (axis 1) of each
             output channel: group-wise weights (W4A16 with groups of 128). Needs ``per_channel`` on axis 0.
+        fp8: ``"e4m3"`` or ``"e5m2"``: the 8 bits are an FP8 number, not an integer (FP8FakeQuantize); the
+            range is then the format's largest value, negated and itself (448 or 57344).
     """
 
     bits: int = 8
@@ -65,6 +68,7 @@ class QuantScheme:
     symmetric_range: bool = False
     unsigned: bool = False
     group_size: int | None = None
+    fp8: str | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.bits, bool) or not isinstance(self.bits, int):
@@ -81,9 +85,21 @@ class QuantScheme:
             raise ValueError("unsigned is a symmetric grid with zero point 0; set symmetric=True or drop unsigned")
         if self.group_size is not None:
             check_group_size(self.group_size, self.per_channel, self.ch_axis)
+        if self.fp8 is not None:
+            if self.fp8 not in FP8_LARGEST:
+                raise ValueError(f"fp8 must be one of {sorted(FP8_LARGEST)}, got {self.fp8!r}")
+            if self.bits != 8 or not self.symmetric or self.unsigned or self.symmetric_range or self.pot_scale:
+                raise ValueError(
+                    f"fp8={self.fp8!r} is an 8-bit symmetric grid with a float scale: bit 8, symmetry True, and no "
+                    "unsigned, symmetric_range or pot_scale"
+                )
+            if self.group_size is not None:
+                raise ValueError("fp8 scales are per tensor or per channel; drop group_size")
 
     @property
     def quant_min(self) -> int:
+        if self.fp8 is not None:
+            return -FP8_LARGEST[self.fp8]
         if not self.symmetric or self.unsigned:
             return 0
         low = -(2 ** (self.bits - 1))
@@ -91,6 +107,8 @@ class QuantScheme:
 
     @property
     def quant_max(self) -> int:
+        if self.fp8 is not None:
+            return FP8_LARGEST[self.fp8]
         if not self.symmetric or self.unsigned:
             return 2**self.bits - 1
         return 2 ** (self.bits - 1) - 1
@@ -109,8 +127,10 @@ class QuantScheme:
         """The keyword arguments that give an observer or fake quantizer this scheme (``group_size`` only where
         set: it is the fake quantizer's, which groups the weight before its observer sees it)."""
         group = {} if self.group_size is None else {"group_size": self.group_size}
+        fp8 = {} if self.fp8 is None else {"fp8": self.fp8}
         return {
             **group,
+            **fp8,
             "dtype": torch.qint8 if self.quant_min < 0 else torch.quint8,
             "qscheme": self.torch_qscheme,
             "quant_min": self.quant_min,
@@ -162,6 +182,9 @@ class QuantScheme:
             changes.setdefault("unsigned", False)
         if changes.get("per_channel") is False:  # per-tensor has no groups
             changes.setdefault("group_size", None)
+        if "fp8" in changes and changes["fp8"] is not None:  # an FP8 grid has no groups or integer options
+            for key in ("group_size", "symmetric_range", "unsigned", "pot_scale"):
+                changes.setdefault(key, None if key == "group_size" else False)
         return replace(self, **changes)
 
 

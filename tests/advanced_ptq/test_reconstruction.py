@@ -121,8 +121,10 @@ def test_config_keys_are_mqbench_s_and_checked(digits):
 
 
 LINEAR_GRID_BACKENDS = sorted(
-    name for name in ParamsTable if ParamsTable[name].weight is not None and name != "nnie"
-)  # NNIE's weights are on its log grid: learned linear rounding does not apply (refused below)
+    name
+    for name in ParamsTable
+    if ParamsTable[name].weight is not None and ParamsTable[name].weight.factory().cls.deploy_grid == "linear"
+)  # NNIE's weights are on its log grid, tensorrt_fp8's on FP8: learned linear rounding does not apply (refused)
 
 
 @pytest.mark.parametrize("backend", LINEAR_GRID_BACKENDS)

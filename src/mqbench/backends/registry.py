@@ -29,6 +29,7 @@ from mqbench.backends import (
     stpu,
     tengine_u8,
     tensorrt,
+    tensorrt_fp8,
     tensorrt_nlp,
     vitis,
 )
@@ -64,8 +65,8 @@ _BUILTIN = (
     stpu,
     qdq,
 )
-# Built in beyond MQBench's fourteen (no BackendType member, whose list is MQBench's): the weight-only formats.
-_BUILTIN_BY_NAME = (llm_w4a16, llm_w8a16)
+# Built in beyond MQBench's fourteen (no BackendType member, whose list is MQBench's): the LLM formats.
+_BUILTIN_BY_NAME = (llm_w4a16, llm_w8a16, tensorrt_fp8)
 
 
 class BackendType(str, Enum):

@@ -79,6 +79,8 @@ class TensorDiff:
     unexplained: float | None = None
     # NaN or inf values: (in the runtime's tensor, in the simulation's); the differences above are of the finite rest
     nonfinite: tuple[int, int] = (0, 0)
+    # a constant (a weight): no arithmetic order or rounding tie can part runtime and simulation, so any LSB is wrong
+    constant: bool = False
 
     def float_mismatch(self) -> bool:
         """For a float tensor (no quantizer): off by more than float32 arithmetic explains.
@@ -153,7 +155,9 @@ class ArtifactReport:
         (a quantized output by more than ``tolerance`` LSBs, a float one beyond float32 rounding). First, any
         tensor or output holding NaN or inf in the runtime's result or the simulation's (also end to end)."""
         tensors = [
-            name for name, d in self.per_tensor.items() if d.max_lsb_diff is not None and d.max_lsb_diff > tolerance
+            name
+            for name, d in self.per_tensor.items()
+            if d.max_lsb_diff is not None and d.max_lsb_diff > (0 if d.constant else tolerance)
         ]
         outputs = [
             f"output {name!r} (off by {d.max_abs_diff:.3g} on values up to {d.magnitude:.3g})"
@@ -283,6 +287,7 @@ def tensor_diff(name: str, entry: TensorQParams | None, sim: np.ndarray, got: np
         exact,
         magnitude,
         nonfinite=nonfinite,
+        constant=entry is not None and entry.kind == "weight",
     )
 
 

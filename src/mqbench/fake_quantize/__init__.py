@@ -15,6 +15,7 @@ from mqbench.fake_quantize.adaround import AdaRoundFakeQuantize
 from mqbench.fake_quantize.dorefa import DoReFaFakeQuantize
 from mqbench.fake_quantize.dsq import DSQFakeQuantize
 from mqbench.fake_quantize.fixed import FixedFakeQuantize
+from mqbench.fake_quantize.fp8 import FP8FakeQuantize
 from mqbench.fake_quantize.lsq import LearnableFakeQuantize
 from mqbench.fake_quantize.nnie import NNIEFakeQuantize
 from mqbench.fake_quantize.pact import PACTFakeQuantize
@@ -27,6 +28,7 @@ __all__ = [
     "AdaRoundFakeQuantize",
     "DSQFakeQuantize",
     "DoReFaFakeQuantize",
+    "FP8FakeQuantize",
     "FakeQuantizeDict",
     "FixedFakeQuantize",
     "LearnableFakeQuantize",
@@ -52,6 +54,7 @@ FakeQuantizeDict: Registry[type[QuantizeBase]] = Registry(
             NNIEFakeQuantize,
             AdaRoundFakeQuantize,
             QDropFakeQuantize,
+            FP8FakeQuantize,
         )
     },
 )

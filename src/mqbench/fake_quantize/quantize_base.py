@@ -55,6 +55,8 @@ class QuantizeBase(nn.Module):
     def __init__(self, observer: Any = MinMaxObserver, **observer_kwargs: Any) -> None:
         super().__init__()
         group_size = observer_kwargs.pop("group_size", None)
+        if observer_kwargs.pop("fp8", None) is not None:  # FP8FakeQuantize takes it as its own argument
+            raise ValueError(f"{type(self).__name__} quantizes to integers; an fp8 scheme needs FP8FakeQuantize")
         self.activation_post_process = observer(**observer_kwargs)
         post = self.activation_post_process
         self.dtype = post.dtype

@@ -1,0 +1,25 @@
+"""TensorRT with FP8 (E4M3) explicit quantization: Q/DQ on FLOAT8E4M3FN in front of every quantized op.
+
+Weights have one scale per output channel, activations one per tensor, each ``amax / 448`` of what calibration
+saw (FP8's exponent covers the range that an 8-bit integer grid would clip, so no clipping recipe is needed).
+Deployed as the Q/DQ ONNX model TensorRT builds FP8 engines from (opset 19); onnxruntime runs its FP8
+QuantizeLinear / DequantizeLinear on the CPU, so verification runs the file itself.
+"""
+
+from dataclasses import replace
+
+from mqbench.backends import tensorrt
+from mqbench.backends.spec import PTQRecipe, QuantizerSpec
+from mqbench.scheme import QuantScheme
+
+__all__ = ["SPEC"]
+
+SPEC = replace(
+    tensorrt.SPEC,
+    name="tensorrt_fp8",
+    weight=QuantizerSpec(QuantScheme(8, symmetric=True, per_channel=True, fp8="e4m3"), "FP8FakeQuantize"),
+    activation=QuantizerSpec(QuantScheme(8, symmetric=True, fp8="e4m3"), "FP8FakeQuantize"),
+    description="NVIDIA TensorRT, explicit FP8 (E4M3) quantization",
+    deploy=(),
+    ptq_recipe=PTQRecipe(),
+)
