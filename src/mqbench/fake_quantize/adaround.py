@@ -34,7 +34,7 @@ import torch
 from torch import Tensor, nn
 
 from mqbench.fake_quantize.fixed import ObserverQParamsQuantizer
-from mqbench.functional import fake_quantize
+from mqbench.functional import fake_quantize, from_groups, to_groups
 from mqbench.observer import MinMaxObserver
 
 __all__ = ["ROUND_MODES", "AdaRoundFakeQuantize"]
@@ -65,6 +65,8 @@ class AdaRoundFakeQuantize(ObserverQParamsQuantizer):
         """Start learned rounding of ``weight_tensor`` (the layer's weight) with the current scale."""
         if round_mode not in ROUND_MODES:
             raise ValueError(f"unknown round_mode {round_mode!r}; choose one of {', '.join(ROUND_MODES)}")
+        if self.group_size is not None:  # learned per element of the rows the grouped forward quantizes
+            weight_tensor = to_groups(weight_tensor.detach(), self.group_size)
         scale = self._view(self.scale, weight_tensor)
         scaled = weight_tensor.detach() / scale
         rest = (scaled - torch.floor(scaled)).clamp(1e-6, 1 - 1e-6)
@@ -87,6 +89,8 @@ class AdaRoundFakeQuantize(ObserverQParamsQuantizer):
 
     def get_hard_value(self, x: Tensor) -> Tensor:
         """``x`` (the weight ``init`` saw) on the grid with the learned rounding made hard."""
+        if self.group_size is not None:
+            return from_groups(self._adaround(to_groups(x, self.group_size), hard=True), x.shape, self.group_size)
         return self._adaround(x, hard=True)
 
     def _adaround(self, x: Tensor, hard: bool) -> Tensor:
