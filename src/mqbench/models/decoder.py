@@ -1,0 +1,209 @@
+"""A small GPT-2-architecture decoder, trained here on the Python standard library's own source.
+
+No pretrained decoder can be downloaded where this project is tested, so it trains one: byte-level (256
+tokens), pre-norm blocks of causal self-attention (separate q / k / v / out ``nn.Linear``) and a GELU MLP,
+learned position embeddings, a final LayerNorm and an untied head. :func:`stdlib_corpus` reads the ``.py``
+files of the running interpreter's standard library, sorted by path, every tenth one held out; training and
+evaluation read fixed-length windows of the bytes. :func:`trained_decoder` trains it once (minutes on two
+cores) and caches the weights like the zoo (``$MQBENCH_CACHE/zoo``), keyed by this module's source, the
+recipe, torch's version and a digest of the corpus.
+
+Example:
+    >>> import torch
+    >>> model = TinyGPT(dim=32, depth=1, heads=2, context=16)
+    >>> model(torch.zeros(2, 16, dtype=torch.long)).shape
+    torch.Size([2, 16, 256])
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+import math
+import sys
+import sysconfig
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from mqbench.models.zoo import _load, _store, zoo_cache_dir
+from mqbench.utils.logger import logger
+
+__all__ = [
+    "DecoderRecipe",
+    "TinyGPT",
+    "held_out_perplexity",
+    "stdlib_corpus",
+    "token_windows",
+    "trained_decoder",
+]
+
+VOCAB = 256  # bytes
+
+
+class _Attention(nn.Module):
+    causal: Tensor
+
+    def __init__(self, dim: int, heads: int, context: int) -> None:
+        super().__init__()
+        self.heads, self.head_dim = heads, dim // heads
+        self.q = nn.Linear(dim, dim)
+        self.k = nn.Linear(dim, dim)
+        self.v = nn.Linear(dim, dim)
+        self.out = nn.Linear(dim, dim)
+        causal = torch.triu(torch.full((context, context), -10000.0), diagonal=1)  # additive, finite
+        self.register_buffer("causal", causal[None, None], persistent=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        b, n = x.shape[0], x.shape[1]
+        q = self.q(x).reshape(b, n, self.heads, self.head_dim).transpose(1, 2)
+        k = self.k(x).reshape(b, n, self.heads, self.head_dim).transpose(1, 2)
+        v = self.v(x).reshape(b, n, self.heads, self.head_dim).transpose(1, 2)
+        scores = torch.matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(self.head_dim))
+        scores = scores + self.causal.narrow(2, 0, n).narrow(3, 0, n)
+        y = torch.matmul(torch.softmax(scores, dim=-1), v)
+        return self.out(y.transpose(1, 2).reshape(b, n, self.heads * self.head_dim))
+
+
+class _Block(nn.Module):
+    def __init__(self, dim: int, heads: int, context: int, mlp: int) -> None:
+        super().__init__()
+        self.norm1 = nn.LayerNorm(dim)
+        self.attn = _Attention(dim, heads, context)
+        self.norm2 = nn.LayerNorm(dim)
+        self.fc = nn.Linear(dim, mlp)
+        self.proj = nn.Linear(mlp, dim)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = x + self.attn(self.norm1(x))
+        return x + self.proj(F.gelu(self.fc(self.norm2(x))))
+
+
+class TinyGPT(nn.Module):
+    """GPT-2's architecture at small width: ``forward(ids [N, L]) -> logits [N, L, 256]`` (``L <= context``)."""
+
+    def __init__(self, dim: int = 128, depth: int = 4, heads: int = 4, context: int = 128, mlp_ratio: int = 4) -> None:
+        super().__init__()
+        if dim % heads:
+            raise ValueError(f"dim ({dim}) must be divisible by heads ({heads})")
+        self.context = context
+        self.tokens = nn.Embedding(VOCAB, dim)
+        self.positions = nn.Embedding(context, dim)
+        self.blocks = nn.ModuleList([_Block(dim, heads, context, mlp_ratio * dim) for _ in range(depth)])
+        self.norm = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, VOCAB)
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(module.weight, std=0.02)
+            if isinstance(module, nn.Linear) and module.bias is not None:
+                nn.init.zeros_(module.bias)
+        for name, parameter in self.named_parameters():  # GPT-2: residual writers scaled by 1 / sqrt(2 * depth)
+            if name.endswith(("attn.out.weight", "proj.weight")):
+                nn.init.normal_(parameter, std=0.02 / math.sqrt(2 * depth))
+
+    def forward(self, ids: Tensor) -> Tensor:
+        positions = torch.ones_like(ids).cumsum(dim=1) - 1
+        x = self.tokens(ids) + self.positions(positions)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.norm(x))
+
+
+def stdlib_corpus(limit: int = 4_000_000) -> tuple[bytes, bytes]:
+    """(train, held-out) bytes: the standard library's ``.py`` files (top level and packages, tests excluded),
+    sorted by path, every tenth one held out, each part cut at ``limit`` bytes (the held-out one at a tenth)."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    files = sorted(
+        p
+        for p in root.rglob("*.py")
+        if not {"test", "tests", "idle_test", "site-packages"} & set(p.relative_to(root).parts)
+    )
+    if len(files) < 20:
+        raise RuntimeError(f"the standard library at {root} has too few .py files ({len(files)}) to train on")
+    train, held = bytearray(), bytearray()
+    for index, path in enumerate(files):
+        part = held if index % 10 == 0 else train
+        if len(part) < (limit // 10 if part is held else limit):
+            part.extend(path.read_bytes())
+    return bytes(train[:limit]), bytes(held[: limit // 10])
+
+
+def token_windows(data: bytes, length: int, count: int, seed: int) -> Tensor:
+    """``count`` windows of ``length`` bytes at random offsets (seeded): ``[count, length]`` int64."""
+    generator = torch.Generator().manual_seed(seed)
+    tokens = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    starts = torch.randint(0, len(tokens) - length, (count,), generator=generator)
+    return torch.stack([tokens[s : s + length] for s in starts.tolist()]).long()
+
+
+@torch.no_grad()
+def held_out_perplexity(model: nn.Module, windows: Tensor, batch: int = 16) -> float:
+    """``exp`` of the mean next-byte cross-entropy over every position of ``windows`` (the first excepted)."""
+    total, count = 0.0, 0
+    for i in range(0, windows.shape[0], batch):
+        ids = windows[i : i + batch]
+        logits = model(ids[:, :-1])
+        if not isinstance(logits, Tensor):
+            logits = logits[0]
+        loss = F.cross_entropy(logits.reshape(-1, VOCAB).float(), ids[:, 1:].reshape(-1), reduction="sum")
+        total += float(loss)
+        count += ids[:, 1:].numel()
+    return math.exp(total / count)
+
+
+@dataclass(frozen=True)
+class DecoderRecipe:
+    dim: int = 128
+    depth: int = 4
+    heads: int = 4
+    context: int = 128
+    steps: int = 1500
+    batch_size: int = 32
+    lr: float = 3e-3
+    warmup: int = 100
+    seed: int = 0
+
+
+def _cache_key(recipe: DecoderRecipe, train: bytes) -> str:
+    settings = {
+        "recipe": asdict(recipe),
+        "torch": torch.__version__,
+        "source": inspect.getsource(sys.modules[__name__]),
+    }
+    digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode())
+    digest.update(hashlib.sha256(train).digest())
+    return digest.hexdigest()[:20]
+
+
+def trained_decoder(recipe: DecoderRecipe | None = None) -> tuple[TinyGPT, bytes, bytes]:
+    """(the trained decoder in eval mode, train bytes, held-out bytes), from the cache where it is there."""
+    recipe = recipe or DecoderRecipe()
+    train, held = stdlib_corpus()
+    torch.manual_seed(recipe.seed)
+    model = TinyGPT(recipe.dim, recipe.depth, recipe.heads, recipe.context)
+    directory = zoo_cache_dir()
+    path = None if directory is None else directory / f"tinygpt-{_cache_key(recipe, train)}.pt"
+    if path is not None and _load(path, model):
+        return model.eval(), train, held
+    logger.info("training the decoder (%d steps; cached afterwards)", recipe.steps)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=recipe.lr, weight_decay=0.1, betas=(0.9, 0.95))
+    windows = token_windows(train, recipe.context + 1, recipe.steps * recipe.batch_size, recipe.seed)
+    model.train()
+    for step in range(recipe.steps):
+        scale = min(1.0, (step + 1) / recipe.warmup) * 0.5 * (1 + math.cos(math.pi * step / recipe.steps))
+        for group in optimizer.param_groups:
+            group["lr"] = recipe.lr * scale
+        ids = windows[step * recipe.batch_size : (step + 1) * recipe.batch_size]
+        loss = F.cross_entropy(model(ids[:, :-1]).reshape(-1, VOCAB), ids[:, 1:].reshape(-1))
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+    model.eval()
+    if path is not None:
+        _store(path, model)
+    return model, train, held

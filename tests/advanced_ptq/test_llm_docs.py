@@ -1,0 +1,32 @@
+"""docs/llm_quantization.md runs as written: GPTQ at W4A16 and its deployment verify, and the FP8 / W8A8 /
+W3A16 part; GPTQ's perplexity is below rounding to nearest's on the same decoder."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from mqbench.advanced_ptq.weight_only import calibrate_weights
+from mqbench.models.decoder import held_out_perplexity
+from mqbench.prepare_by_platform import prepare_by_platform
+from mqbench.utils.state import enable_quantization
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "llm_quantization.md"
+
+
+def test_the_guide_runs_deploys_and_verifies(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MQBENCH_CACHE", str(tmp_path / "cache"))
+    blocks = re.findall(r"```python\n(.*?)```", DOC.read_text(), flags=re.S)
+    assert len(blocks) == 2
+    namespace: dict = {"__name__": "llm_guide"}
+    for block in blocks:
+        exec(compile(block, str(DOC), "exec"), namespace)
+    out = capsys.readouterr().out
+    assert "W4A16 GPTQ" in out and "FP8 E4M3: perplexity" in out
+    assert "['deploy_onnx', 'matmulnbits_onnx', 'onnx']" in out
+    nearest = prepare_by_platform(namespace["model"], "llm_w4a16")
+    calibrate_weights(nearest)
+    enable_quantization(nearest)
+    evaluation = namespace["evaluation"]
+    assert held_out_perplexity(namespace["qmodel"], evaluation) < held_out_perplexity(nearest, evaluation)
