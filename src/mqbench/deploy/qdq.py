@@ -204,10 +204,10 @@ def insert_qdq(
     model returned: a quantized tensor also returned as it is (``v = relu(conv1(x)); return conv2(v), v``)
     stays float there; a returned quantizer output is an ``Identity`` consumer of its own (the strip step's).
     """
+    needed = max((grid_of(e.grid).min_opset for e in table.values()), default=0)
     if any(e.group_size is not None for e in table.values()):
-        model = at_opset(model, BLOCKED_OPSET)  # (a converted copy)
-    else:
-        model = onnx.ModelProto.FromString(model.SerializeToString())
+        needed = max(needed, BLOCKED_OPSET)
+    model = at_opset(model, needed)  # a copy, converted where a grid's nodes need a newer opset
     graph = model.graph
     builder = _Builder(model)
     users = consumers_of(graph)
@@ -241,18 +241,12 @@ def insert_qdq(
         kept = [i for i in graph.initializer if i.name not in builder.dropped or i.name in read]
         del graph.initializer[:]
         graph.initializer.extend(kept)
-    needed = max((grid_of(e.grid).min_opset for e in table.values()), default=0)
-    if any(e.group_size is not None for e in table.values()):
-        needed = max(needed, BLOCKED_OPSET)
-        model.ir_version = max(model.ir_version, 10)  # 4-bit integer types
-    if needed:
-        _require_opset(model, needed)
     return model, dequantized
 
 
 def at_opset(model: onnx.ModelProto, version: int) -> onnx.ModelProto:
-    """A copy of ``model`` at opset ``version`` or above (ops whose signature changed are rewritten by onnx's
-    version converter; the tensors keep their names)."""
+    """A copy of ``model`` at opset ``version`` or above (ops whose signature changed, such as ReduceMean's axes
+    from opset 18, are rewritten by onnx's version converter; the tensors keep their names)."""
     current = max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=version)
     if current >= version:
         return onnx.ModelProto.FromString(model.SerializeToString())
@@ -260,17 +254,11 @@ def at_opset(model: onnx.ModelProto, version: int) -> onnx.ModelProto:
         converted = onnx.version_converter.convert_version(model, version)
     except Exception as error:  # the converter raises its own types
         raise ValueError(
-            f"the exported model (opset {current}) could not be converted to opset {version}, which blocked "
-            f"DequantizeLinear and 4-bit types need: {str(error).splitlines()[0] if str(error) else error!r}"
+            f"the exported model (opset {current}) could not be converted to opset {version}, which its "
+            f"quantization's nodes need: {str(error).splitlines()[0] if str(error) else error!r}"
         ) from None
-    converted.ir_version = max(converted.ir_version, 10)
+    converted.ir_version = max(converted.ir_version, 10)  # (4-bit integer types need IR 10)
     return converted
-
-
-def _require_opset(model: onnx.ModelProto, version: int) -> None:
-    for opset in model.opset_import:
-        if opset.domain in ("", "ai.onnx") and opset.version < version:
-            opset.version = version
 
 
 # -- verification: the Q/DQ model on onnxruntime ----------------------------------------------------
