@@ -281,7 +281,9 @@ class _PlacementFrontEnd(FrontEnd):
             if qconfig.reduce_range:
                 factory = reduced_range_variant(factory, self.spec.name)
         if node_kind(node, self.modules) == "deconv" and qconfig.weight_spec.scheme.per_channel:
-            factory = factory.with_args(ch_axis=1)  # ConvTranspose weights: [in, out / groups, ...]
+            # ConvTranspose weights: [in, out / groups, ...]; their input channels are axis 0, so a group-wise
+            # scheme quantizes them per output channel instead
+            factory = factory.with_args(ch_axis=1, group_size=None)
         return factory
 
     def rules(self, gm: fx.GraphModule) -> Rules:

@@ -59,7 +59,25 @@ def ort_session(model: onnx.ModelProto | str | Path, threads: int = 2, optimize:
     options.add_session_config_entry("session.inter_op.allow_spinning", "0")
     if not optimize:
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    return ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
+    disabled = []
+    if optimize and _has_float8(model):
+        # onnxruntime's Clip -> QuantizeLinear fusion reads the zero point as an integer and fails to build the
+        # session on a FLOAT8 one (onnxruntime 1.32); the fusion only removes a Clip the saturation makes redundant
+        disabled.append("ClipQuantRewrite")
+    return ort.InferenceSession(source, options, providers=["CPUExecutionProvider"], disabled_optimizers=disabled)
+
+
+_FLOAT8 = {
+    onnx.TensorProto.FLOAT8E4M3FN,
+    onnx.TensorProto.FLOAT8E4M3FNUZ,
+    onnx.TensorProto.FLOAT8E5M2,
+    onnx.TensorProto.FLOAT8E5M2FNUZ,
+}
+
+
+def _has_float8(model: onnx.ModelProto | str | Path) -> bool:
+    proto = model if isinstance(model, onnx.ModelProto) else onnx.load(str(model), load_external_data=False)
+    return any(init.data_type in _FLOAT8 for init in proto.graph.initializer)
 
 
 def initializer_map(graph: onnx.GraphProto) -> dict[str, onnx.TensorProto]:
