@@ -39,6 +39,7 @@ from mqbench.advanced_ptq.reconstruction import (
     ReconstructionConfig,
     ptq_reconstruction,
 )
+from mqbench.advanced_ptq.rotation import ROTATION_DEFAULTS, hadamard_rotation
 from mqbench.advanced_ptq.smoothing import ALPHAS, ChannelScale, restore_smoothing, smooth_quant
 from mqbench.advanced_ptq.units import Unit, cut_points, find_units
 
@@ -47,6 +48,7 @@ __all__ = [
     "AWQ_DEFAULTS",
     "CONFIG_DEFAULTS",
     "GPTQ_DEFAULTS",
+    "ROTATION_DEFAULTS",
     "USE_DDP",
     "USE_LINK",
     "ChannelScale",
@@ -69,6 +71,7 @@ __all__ = [
     "find_used_times",
     "get_io_of_block",
     "gptq",
+    "hadamard_rotation",
     "insert_fake_modules",
     "layer_has_weights",
     "lp_loss",

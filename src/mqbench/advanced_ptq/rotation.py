@@ -1,0 +1,450 @@
+"""Rotation of a pre-norm transformer's residual stream (QuaRot, Ashkboos et al., 2024), folded into its weights.
+
+A pre-norm transformer (GPT-2, Llama) keeps a *residual stream*: embeddings and the output projections of its
+attention and MLP blocks are added into it, and it is read only through normalization layers feeding linear
+layers. Rotating the stream by an orthogonal ``Q`` (``x -> x Q``) changes none of the model's outputs when every
+writer is multiplied by ``Q`` and every reader by ``Q^T``, but it spreads a few outlier channels over all of them,
+so the values the quantizers see (the norms' outputs, the weights' input columns) have a smaller range for the same
+information. With a (randomized) Hadamard ``Q`` the spread is as even as it gets.
+
+What is done, in float64, to a model from ``prepare_by_platform``:
+
+1. LayerNorm's scale ``g`` and shift ``b`` move into the linear layers reading it (``W <- W diag(g)``, bias
+   ``+= W b``); LayerNorm's mean subtraction moves into the writers (each writes a zero-mean vector), so every
+   LayerNorm becomes a plain RMS normalization (:class:`mqbench.nn.modules.RMSNorm` without weights), which
+   commutes with ``Q``. An ``RMSNorm`` keeps its meaning with only its weight moved.
+2. Writers: embedding tables ``E <- E Q``, linear layers ``W <- Q^T W`` (bias too); readers ``W <- W Q``.
+3. ``ffn``: the input of each MLP's down projection (the layer writing the MLP's result to the stream) is
+   rotated by a Hadamard matrix too, online: a constant ``x @ H`` is inserted before its input quantizer and the
+   layer's weight becomes ``W H`` (one float MatMul per block in the deployed model).
+4. Every quantizer of the model is recalibrated on ``cali_data`` (the backend's calibration recipe of the
+   original model), since every range it saw has changed; the model is returned in quantization mode.
+
+Post-norm models (BERT, all-MiniLM-L6-v2) read their stream elsewhere than through norms and keep the norm's
+scale inside the stream: no rotation folds there, and they are refused with the value that breaks the pattern.
+
+``hadamard_rotation(model, cali_data, config)``; config keys in :data:`ROTATION_DEFAULTS`.
+``model.meta["rotation"]`` records the layers changed.
+
+Example:
+    >>> import torch
+    >>> from mqbench.models.decoder import TinyGPT
+    >>> from mqbench.prepare_by_platform import prepare_by_platform
+    >>> from mqbench.advanced_ptq import hadamard_rotation
+    >>> from mqbench.utils.state import disable_all
+    >>> _ = torch.manual_seed(0)
+    >>> model = TinyGPT(dim=32, depth=2, heads=2, context=16).eval()
+    >>> ids = torch.randint(0, 256, (4, 16))
+    >>> qmodel = hadamard_rotation(prepare_by_platform(model, "tensorrt_nlp"), [ids])
+    >>> disable_all(qmodel)  # quantizers off: the rotated model computes the float model's function
+    >>> torch.allclose(qmodel(ids), model(ids), atol=1e-4)
+    True
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, fx, nn
+
+from mqbench.advanced_ptq.calibration import calibrate, recipe_of
+from mqbench.advanced_ptq.reconstruction import calibration_batches
+from mqbench.advanced_ptq.weight_only import config_with
+from mqbench.nn.modules.rms_norm import RMSNorm
+from mqbench.utils.logger import logger
+from mqbench.utils.state import is_quantizer
+
+__all__ = ["ROTATION_DEFAULTS", "hadamard_matrix", "hadamard_rotation", "orthogonal_matrix", "residual_streams"]
+
+ROTATION_DEFAULTS: Mapping[str, Any] = {
+    "rotation": "hadamard",  # "hadamard" (randomized: random signs times a Hadamard matrix) or "random" orthogonal
+    "seed": 0,  # the random signs / the random orthogonal matrix
+    "ffn": True,  # also rotate each MLP down projection's input by a Hadamard matrix (online)
+}
+
+_ADDS = {operator.add, torch.add}
+_SHAPE_METHODS = {"size", "dim"}
+_ELEMENTWISE_FUNCTIONS = {F.gelu, F.relu, F.silu, torch.sigmoid, torch.tanh, torch.relu, operator.mul, torch.mul}
+_ELEMENTWISE_METHODS = {"mul", "sigmoid", "tanh", "relu"}
+_ELEMENTWISE_MODULES = (nn.GELU, nn.ReLU, nn.SiLU, nn.Sigmoid, nn.Tanh, nn.Dropout, nn.Identity)
+
+
+# -- matrices ---------------------------------------------------------------------------------------------------
+def _is_prime(q: int) -> bool:
+    return q > 1 and all(q % p for p in range(2, math.isqrt(q) + 1))
+
+
+def _paley(n: int) -> Tensor:
+    """Paley's first construction: a Hadamard matrix of size ``n = q + 1`` for a prime ``q = 3 mod 4``."""
+    q = n - 1
+    residues = {(i * i) % q for i in range(1, q)}
+    chi = torch.tensor([0.0] + [1.0 if i in residues else -1.0 for i in range(1, q)], dtype=torch.float64)
+    idx = torch.arange(q)
+    jacobsthal = chi[(idx[None, :] - idx[:, None]) % q]  # skew-symmetric for q = 3 mod 4
+    S = torch.zeros(n, n, dtype=torch.float64)
+    S[0, 1:], S[1:, 0], S[1:, 1:] = 1.0, -1.0, jacobsthal
+    return S + torch.eye(n, dtype=torch.float64)
+
+
+def hadamard_matrix(n: int) -> Tensor:
+    """A Hadamard matrix of size ``n`` (entries +-1, ``H H^T = n I``), float64: Sylvester's for powers of two, a
+    Kronecker product with Paley's for ``n = 2^k (q + 1)``, ``q`` a prime ``= 3 mod 4`` (12, 20, 24, 44, ...: 384
+    = 12 x 32, 768 = 12 x 64). Other sizes raise ``ValueError``."""
+    if n < 1:
+        raise ValueError(f"a Hadamard matrix needs a positive size, got {n}")
+    power = n & -n
+    base = n // power
+    core: Tensor | None = torch.ones(1, 1, dtype=torch.float64) if base == 1 else None
+    if core is None:
+        for p in (1, 2, 4, 8, 16):  # base * p = q + 1
+            if power % p == 0 and (base * p - 1) % 4 == 3 and _is_prime(base * p - 1):
+                core, power = _paley(base * p), power // p
+                break
+        if core is None:
+            raise ValueError(
+                f"no Hadamard matrix of size {n} is built here (sizes 2^k and 2^k (q + 1) for a prime q = 3 mod 4); "
+                "use rotation 'random' (a random orthogonal matrix) for this width"
+            )
+    sylvester = torch.ones(1, 1, dtype=torch.float64)
+    while sylvester.shape[0] < power:
+        sylvester = torch.cat([torch.cat([sylvester, sylvester], 1), torch.cat([sylvester, -sylvester], 1)], 0)
+    return torch.kron(sylvester, core)  # type: ignore[arg-type]
+
+
+def orthogonal_matrix(n: int, rotation: str = "hadamard", seed: int = 0) -> Tensor:
+    """An ``n x n`` orthogonal matrix, float64: ``"hadamard"``, a Hadamard matrix scaled by ``1/sqrt(n)`` with its
+    rows' signs drawn from ``seed`` (QuaRot's randomized Hadamard); ``"random"``, Q of a Gaussian matrix's QR."""
+    generator = torch.Generator().manual_seed(int(seed))
+    if rotation == "random":
+        q, r = torch.linalg.qr(torch.randn(n, n, generator=generator, dtype=torch.float64))
+        return q * torch.sign(torch.diagonal(r))[None, :]
+    if rotation != "hadamard":
+        raise ValueError(f"rotation must be 'hadamard' or 'random', got {rotation!r}")
+    signs = torch.randint(0, 2, (n,), generator=generator).double() * 2 - 1
+    return signs[:, None] * hadamard_matrix(n) / math.sqrt(n)
+
+
+# -- the residual stream -------------------------------------------------------------------------------------------
+@dataclass
+class Stream:
+    """One residual stream of width ``dim``: the values on it, the layers writing it, its norms and their readers."""
+
+    dim: int
+    values: list[fx.Node] = field(default_factory=list)
+    writers: dict[str, Any] = field(default_factory=dict)  # Linear / Embedding modules, by name
+    norms: dict[str, Any] = field(default_factory=dict)  # LayerNorm / RMSNorm modules, by name
+    readers: dict[str, list[str]] = field(default_factory=dict)  # norm name -> Linear names reading it
+    writer_nodes: dict[str, fx.Node] = field(default_factory=dict)
+
+
+class _RefusedError(ValueError):
+    pass
+
+
+def _module(node: Any, modules: Mapping[str, nn.Module]) -> nn.Module | None:
+    if isinstance(node, fx.Node) and node.op == "call_module":
+        return modules.get(str(node.target))
+    return None
+
+
+def _is_shape_read(node: fx.Node) -> bool:
+    return (node.op == "call_function" and node.target is getattr and node.args[1:2] in (("shape",), ("dtype",))) or (
+        node.op == "call_method" and node.target in _SHAPE_METHODS
+    )
+
+
+def _is_add(node: fx.Node) -> bool:
+    is_add = (node.op == "call_function" and node.target in _ADDS) or (
+        node.op == "call_method" and node.target == "add"
+    )
+    return is_add and len(node.args) == 2 and all(isinstance(a, fx.Node) for a in node.args) and not node.kwargs
+
+
+def _norm_width(module: nn.Module) -> int | None:
+    if isinstance(module, (nn.LayerNorm, nn.RMSNorm)):
+        shape = tuple(module.normalized_shape)
+        return shape[0] if len(shape) == 1 else None
+    return None
+
+
+def _describe(node: fx.Node) -> str:
+    return f"'{node.name}' ({node.op} {getattr(node.target, '__name__', node.target)})"
+
+
+def _trace_stream(norm: fx.Node, modules: Mapping[str, nn.Module], stream: Stream) -> None:
+    """Add to ``stream`` every value feeding ``norm``'s input through residual adds and quantizers."""
+    pending = [norm.args[0]]
+    seen = {id(v) for v in stream.values}
+    while pending:
+        node = pending.pop()
+        if not isinstance(node, fx.Node) or id(node) in seen:
+            continue
+        module = _module(node, modules)
+        if _is_add(node) or (module is not None and is_quantizer(module)):
+            seen.add(id(node))
+            stream.values.append(node)
+            pending.extend(node.args[:2] if _is_add(node) else node.args[:1])
+        elif isinstance(module, nn.Embedding) or (isinstance(module, nn.Linear) and module.out_features == stream.dim):
+            if isinstance(module, nn.Embedding) and module.embedding_dim != stream.dim:
+                width = module.embedding_dim
+                raise _RefusedError(f"embedding {_describe(node)} writes width {width}, not {stream.dim}")
+            seen.add(id(node))
+            stream.values.append(node)
+            stream.writers[str(node.target)] = module
+            stream.writer_nodes[str(node.target)] = node
+        elif module is not None and _norm_width(module) is not None:
+            raise _RefusedError(
+                f"the output of norm {_describe(node)} is added into the stream norm '{norm.target}' reads: a "
+                "post-norm model (BERT, MiniLM) keeps LayerNorm's scale inside its residual stream, which no rotation "
+                "folds into the weights; rotation takes pre-norm transformers (GPT-2, Llama)"
+            )
+        else:
+            raise _RefusedError(
+                f"the value {_describe(node)} is added into the residual stream read by norm '{norm.target}'; the "
+                "rotation is folded only into Linear and Embedding layers writing the stream"
+            )
+
+
+def _check_users(stream: Stream, modules: Mapping[str, nn.Module]) -> None:
+    """Every value on ``stream`` is read only by other stream values, its norms or shape queries."""
+    on_stream = {id(v) for v in stream.values}
+    for value in stream.values:
+        for user in value.users:
+            if id(user) in on_stream or _is_shape_read(user):
+                continue
+            module = _module(user, modules)
+            if module is not None and str(user.target) in stream.norms:
+                continue
+            raise _RefusedError(
+                f"the residual stream value {_describe(value)} is read by {_describe(user)}, not only by "
+                "normalization layers and residual adds. A pre-norm transformer (GPT-2, Llama) reads its stream "
+                "only through norms; a post-norm one (BERT, MiniLM) keeps LayerNorm's scale inside the stream, "
+                "which no rotation folds into the weights"
+            )
+
+
+def _readers(norm: fx.Node, modules: Mapping[str, nn.Module], dim: int) -> list[str]:
+    """The Linear layers reading ``norm``'s output (through quantizers)."""
+    found: list[str] = []
+    pending = list(norm.users)
+    while pending:
+        user = pending.pop()
+        module = _module(user, modules)
+        if _is_shape_read(user):
+            continue
+        if module is not None and is_quantizer(module):
+            pending.extend(user.users)
+        elif isinstance(module, nn.Linear) and module.in_features == dim and user.args[0] is not None:
+            found.append(str(user.target))
+        elif _is_add(user):
+            raise _RefusedError(
+                f"the output of norm '{norm.target}' is added to {_describe(user)}: a post-norm model (BERT, MiniLM) "
+                "keeps LayerNorm's scale inside its residual stream, which no rotation folds into the weights; "
+                "rotation takes pre-norm transformers (GPT-2, Llama)"
+            )
+        else:
+            raise _RefusedError(
+                f"norm '{norm.target}' is read by {_describe(user)}; the norm's scale and the rotation are folded "
+                "only into Linear layers reading it (run hadamard_rotation on the model as prepared, before "
+                "smooth_quant or awq put scales between them)"
+            )
+    return found
+
+
+def residual_streams(model: fx.GraphModule) -> list[Stream]:
+    """The residual streams of ``model``: one per width of its LayerNorm / RMSNorm layers. Raises ``ValueError``
+    naming the value where the model departs from a pre-norm transformer's pattern."""
+    modules = dict(model.named_modules())
+    streams: dict[int, Stream] = {}
+    for node in model.graph.nodes:
+        module = _module(node, modules)
+        width = _norm_width(module) if module is not None else None
+        if width is None or module is None:
+            continue
+        stream = streams.setdefault(width, Stream(width))
+        if str(node.target) in stream.norms:
+            raise _RefusedError(f"norm '{node.target}' is called more than once; give each call its own module")
+        stream.norms[str(node.target)] = module
+        _trace_stream(node, modules, stream)
+        stream.readers[str(node.target)] = _readers(node, modules, width)
+    if not streams:
+        raise _RefusedError(
+            "found no LayerNorm or RMSNorm module (normalizing one last dimension) in the graph: nothing to rotate. "
+            "Rotation reads norms as modules, as torch.fx captures them; a graph captured with torch.export holds "
+            "them as functions"
+        )
+    for stream in streams.values():
+        kinds = {type(m) for m in stream.norms.values()}
+        if len(kinds) > 1:
+            raise _RefusedError(f"the stream of width {stream.dim} mixes LayerNorm and RMSNorm; rotate one kind only")
+        _check_users(stream, modules)
+    return list(streams.values())
+
+
+# -- folding ---------------------------------------------------------------------------------------------------
+def _set(module: nn.Module, name: str, value: Tensor) -> None:
+    old = getattr(module, name)
+    setattr(module, name, nn.Parameter(value.to(old.dtype if old is not None else torch.float32)))
+
+
+def _rotate_stream(model: fx.GraphModule, stream: Stream, rotation: Tensor) -> None:
+    modules: dict[str, Any] = dict(model.named_modules())
+    layer_norm = any(isinstance(m, nn.LayerNorm) for m in stream.norms.values())
+    d = stream.dim
+    center = torch.eye(d, dtype=torch.float64) - (1.0 / d if layer_norm else 0.0)
+    new: dict[tuple[str, str], Tensor] = {}
+    for name, module in stream.writers.items():
+        weight = module.weight.detach().double()
+        if isinstance(module, nn.Embedding):
+            new[name, "weight"] = weight @ center @ rotation
+        else:
+            new[name, "weight"] = rotation.T @ center @ weight
+            if module.bias is not None:
+                new[name, "bias"] = rotation.T @ center @ module.bias.detach().double()
+    for norm_name, norm in stream.norms.items():
+        gain = norm.weight.detach().double() if norm.weight is not None else torch.ones(d, dtype=torch.float64)
+        shift = getattr(norm, "bias", None)
+        shift = shift.detach().double() if shift is not None else torch.zeros(d, dtype=torch.float64)
+        for name in stream.readers[norm_name]:
+            reader = modules[name]
+            weight = reader.weight.detach().double()
+            if (name, "weight") in new:
+                raise _RefusedError(f"layer '{name}' both reads and writes the residual stream")
+            new[name, "weight"] = weight * gain[None, :] @ rotation
+            bias = reader.bias.detach().double() if reader.bias is not None else torch.zeros(reader.out_features)
+            if reader.bias is not None or bool(shift.any()):
+                new[name, "bias"] = bias.double() + weight @ shift
+    for (name, attribute), value in new.items():
+        module = modules[name]
+        if attribute == "bias" and module.bias is None:
+            module.bias = nn.Parameter(value.to(module.weight.dtype))
+        else:
+            _set(module, attribute, value)
+    for norm_name, norm in stream.norms.items():
+        eps = norm.eps if norm.eps is not None else torch.finfo(torch.float32).eps
+        parent, _, child = norm_name.rpartition(".")
+        replacement = RMSNorm(d, eps=eps, elementwise_affine=False)
+        setattr(model.get_submodule(parent) if parent else model, child, replacement)
+
+
+def _ffn_writers(model: fx.GraphModule, stream: Stream) -> list[str]:
+    """The stream's Linear writers whose input is computed elementwise from Linear layers reading a norm (an MLP's
+    down projection)."""
+    modules = dict(model.named_modules())
+    readers = {name for names in stream.readers.values() for name in names}
+    found = []
+    for name, node in stream.writer_nodes.items():
+        if not isinstance(stream.writers[name], nn.Linear):
+            continue
+        pending, leaves, ok = [node.args[0]], 0, True
+        while pending and ok:
+            value = pending.pop()
+            module = _module(value, modules)
+            if not isinstance(value, fx.Node):
+                continue
+            if isinstance(module, nn.Linear):
+                ok, leaves = str(value.target) in readers, leaves + 1
+            elif (
+                (module is not None and (is_quantizer(module) or isinstance(module, _ELEMENTWISE_MODULES)))
+                or (value.op == "call_function" and value.target in _ELEMENTWISE_FUNCTIONS)
+                or (value.op == "call_method" and value.target in _ELEMENTWISE_METHODS)
+            ):
+                pending.extend(a for a in value.args if isinstance(a, fx.Node))
+            else:
+                ok = False
+        if ok and leaves:
+            found.append(name)
+    return found
+
+
+def _rotate_input_online(model: fx.GraphModule, name: str, node: fx.Node, hadamard: Tensor) -> None:
+    """Insert ``x @ H`` on ``node``'s input (before its input quantizer) and fold ``H`` into its weight."""
+    modules: dict[str, Any] = dict(model.named_modules())
+    layer = modules[name]
+    edge: Any = node
+    source: Any = node.args[0]
+    quantizer = _module(source, modules)
+    if quantizer is not None and is_quantizer(quantizer):
+        edge, source = source, source.args[0]
+    buffer = name.replace(".", "_") + "_input_rotation"
+    model.register_buffer(buffer, hadamard.float())
+    with model.graph.inserting_before(edge):
+        constant = model.graph.get_attr(buffer)
+        rotated = model.graph.call_function(torch.matmul, (source, constant))
+    edge.args = (rotated, *edge.args[1:])
+    _set(layer, "weight", layer.weight.detach().double() @ hadamard)
+
+
+def _reset_observers(model: nn.Module) -> None:
+    for module in model.modules():
+        if is_quantizer(module):
+            count = getattr(getattr(module, "activation_post_process", None), "num_batches", None)
+            if isinstance(count, Tensor):
+                count.zero_()
+
+
+@torch.no_grad()
+def hadamard_rotation(model: fx.GraphModule, cali_data: Any, config: Mapping[str, Any] | None = None) -> fx.GraphModule:
+    """Rotate ``model``'s residual stream (and its MLPs' down-projection inputs) and recalibrate it; returns
+    ``model`` (changed in place), in quantization mode.
+
+    ``model``: from ``prepare_by_platform``, a pre-norm transformer (see the module's description). ``cali_data``:
+    a list of input batches (tensors, tuples of positional inputs, or dicts), as for ``ptq_reconstruction``; every
+    quantizer is recalibrated on them. ``config`` keys: :data:`ROTATION_DEFAULTS` (unknown keys are errors). Run
+    it before ``gptq`` / ``awq`` (which then quantize the rotated weights).
+    """
+    cfg = config_with(ROTATION_DEFAULTS, config, "hadamard_rotation")
+    if not isinstance(model, fx.GraphModule):
+        raise ValueError(f"hadamard_rotation takes the model prepare_by_platform returned, got {type(model).__name__}")
+    if cfg["rotation"] not in ("hadamard", "random"):
+        raise ValueError(f"hadamard_rotation config rotation must be 'hadamard' or 'random', got {cfg['rotation']!r}")
+    batches = calibration_batches(cali_data)
+    recipe = recipe_of(model)  # before the norms change kind
+    try:
+        streams = residual_streams(model)
+        plans = []
+        for stream in streams:
+            Q = orthogonal_matrix(stream.dim, cfg["rotation"], cfg["seed"])
+            online = _ffn_writers(model, stream) if cfg["ffn"] else []
+            matrices = {}
+            for name in online:
+                width = stream.writers[name].in_features
+                matrices[name] = orthogonal_matrix(width, "hadamard", cfg["seed"] + 1)
+            plans.append((stream, Q, matrices))
+    except _RefusedError as error:
+        raise ValueError(f"hadamard_rotation cannot rotate this model: {error}") from None
+    except ValueError as error:
+        raise ValueError(f"hadamard_rotation: {error}") from None
+    report: dict[str, Any] = {"rotation": cfg["rotation"], "streams": []}
+    for stream, Q, matrices in plans:
+        _rotate_stream(model, stream, Q)
+        for name, H in matrices.items():
+            _rotate_input_online(model, name, stream.writer_nodes[name], H)
+        report["streams"].append(
+            {
+                "dim": stream.dim,
+                "writers": sorted(stream.writers),
+                "norms": sorted(stream.norms),
+                "readers": sorted(n for names in stream.readers.values() for n in names),
+                "online": sorted(matrices),
+            }
+        )
+        logger.info(
+            "hadamard_rotation: width %d, %d writers, %d norms, %d online rotations",
+            stream.dim,
+            len(stream.writers),
+            len(stream.norms),
+            len(matrices),
+        )
+    model.graph.lint()
+    model.recompile()
+    model.meta["rotation"] = report
+    _reset_observers(model)
+    calibrate(model, batches, smooth=False, recipe=recipe)
+    return model
