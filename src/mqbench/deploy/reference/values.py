@@ -158,10 +158,21 @@ def requantize_value(
     return np.clip(result, lo, hi).astype(np.int64)
 
 
+def _gather_elements(node: onnx.NodeProto, data: np.ndarray, indices: np.ndarray) -> np.ndarray:
+    """ONNX GatherElements (onnx's reference evaluator reads only the first index of each row once the gathered
+    axis is longer than 64: numpy's ``choose`` takes at most 64 choices)."""
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    axis = int(attrs.get("axis", 0)) % data.ndim
+    indices = np.asarray(indices, np.int64)
+    return np.take_along_axis(data, np.where(indices < 0, indices + data.shape[axis], indices), axis=axis)
+
+
 def run_float(node: onnx.NodeProto, inputs: list[Any], opsets: Sequence[onnx.OperatorSetIdProto]) -> list[np.ndarray]:
     from onnx.reference import ReferenceEvaluator
 
     feeds = {name: to_array(v) for name, v in zip(node.input, inputs, strict=True) if name}
+    if node.op_type == "GatherElements" and not node.domain:
+        return [_gather_elements(node, *(np.asarray(v) for v in feeds.values()))]
     graph = helper.make_graph(
         [node],
         "single_node",
