@@ -50,7 +50,7 @@ from mqbench.advanced_ptq.reconstruction import calibration_batches, call_with
 from mqbench.fake_quantize.quantize_base import QuantizeBase
 from mqbench.utils.logger import logger
 
-__all__ = ["ALPHAS", "ChannelScale", "restore_smoothing", "smooth_quant"]
+__all__ = ["ALPHAS", "ChannelScale", "fresh_copy", "restore_smoothing", "smooth_quant"]
 
 _SUFFIX = "_smoothing"  # a ChannelScale module is named after the quantizer it feeds
 
@@ -86,7 +86,7 @@ def _linear_readers(node: fx.Node, modules: dict[str, nn.Module]) -> list[nn.Lin
     return layers or None
 
 
-def _fresh(quantizer: QuantizeBase) -> QuantizeBase:
+def fresh_copy(quantizer: QuantizeBase) -> QuantizeBase:
     """A copy of ``quantizer`` that has observed nothing, observing and quantizing."""
     twin = copy.deepcopy(quantizer)
     observer = twin.activation_post_process
@@ -98,7 +98,7 @@ def _fresh(quantizer: QuantizeBase) -> QuantizeBase:
 
 
 def _quantized(quantizer: QuantizeBase, x: Tensor) -> Tensor:
-    twin = _fresh(quantizer)
+    twin = fresh_copy(quantizer)
     twin(x)  # observe
     twin.disable_observer()
     return twin(x)

@@ -7,7 +7,6 @@ enabled and on a linear grid (per channel, or in groups of input channels). Laye
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -17,6 +16,7 @@ import torch
 from torch import Tensor, fx, nn
 
 from mqbench.advanced_ptq.reconstruction import calibration_batches, call_with
+from mqbench.advanced_ptq.smoothing import fresh_copy
 from mqbench.fake_quantize.quantize_base import QuantizeBase
 from mqbench.utils.config import check_keys
 
@@ -153,19 +153,9 @@ def calibrate_weights(model: nn.Module) -> list[str]:
     return done
 
 
-def _fresh(quantizer: QuantizeBase) -> QuantizeBase:
-    twin = copy.deepcopy(quantizer)
-    observer = twin.activation_post_process
-    if isinstance(getattr(observer, "num_batches", None), Tensor):
-        observer.num_batches.zero_()
-    twin.enable_observer()
-    twin.enable_fake_quant()
-    return twin
-
-
 def grid_qparams(quantizer: QuantizeBase, weight: Tensor) -> tuple[Tensor, Tensor]:
     """The (scale, zero point) ``quantizer``'s observer computes for ``weight`` alone (per row or per group)."""
-    twin = _fresh(quantizer)
+    twin = fresh_copy(quantizer)
     with torch.no_grad():
         twin(weight.detach().float())
     scale, zero_point = twin.export_qparams()
