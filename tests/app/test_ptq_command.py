@@ -43,10 +43,13 @@ def test_mqbench_s_application_layout_loads_with_its_reconstruction_keys():
 @pytest.mark.parametrize(
     ("raw", "message"),
     [
-        ({"quantize": {"quantize_typ": "naive_ptq"}}, r"unknown key 'quantize\.quantize_typ'; valid keys: backend,"),
+        (
+            {"quantize": {"quantize_typ": "naive_ptq"}},
+            r"unknown key 'quantize\.quantize_typ'; valid keys: algorithm, algorithm_config, backend,",
+        ),
         (
             {"quantize": {"quantize_type": "post_training"}},
-            r"'quantize\.quantize_type' must be naive_ptq, advanced_ptq, ptq, qat, got 'post_training'",
+            r"'quantize\.quantize_type' must be naive_ptq, advanced_ptq, weight_only, ptq, qat, got 'post_training'",
         ),
         (
             {"quantize": {"deploy": {"name": "x"}}},

@@ -16,6 +16,8 @@ and the valid choices. Missing sections and keys take the defaults below.
       output: null              # mqbench: which output holds the class scores: null (the tensor, a mapping's
                                 #   logits, else the first), an index into the outputs as returned (flattened),
                                 #   or a key of a mapping output
+      task: null                # mqbench: classification, language_model or embedding; null: language_model
+                                #   for model.type tiny_gpt, else classification
     data:
       path: null                # null: the bundled digits; a folder with train/ and val/; or a .npz file
       factory: null             # mqbench: instead of path, package.module:function returning the train and
@@ -27,13 +29,18 @@ and the valid choices. Missing sections and keys take the defaults below.
       test_resize: 32
       mean: [0.485, 0.456, 0.406]   # mqbench: normalisation of folder images
       std: [0.229, 0.224, 0.225]
-      max_eval: null            # mqbench: evaluate on at most this many validation samples
+      max_eval: null            # mqbench: evaluate on at most this many validation samples (language_model:
+                                #   held-out windows, default 64)
     quantize:
-      quantize_type: naive_ptq  # naive_ptq or advanced_ptq; MQBench's older names: ptq (advanced_ptq when
-                                # reconstruction is given, else naive_ptq) and qat (for mqbench qat)
+      quantize_type: naive_ptq  # naive_ptq, advanced_ptq or weight_only (mqbench); MQBench's older names: ptq
+                                # (advanced_ptq when reconstruction is given, else naive_ptq) and qat (mqbench qat)
       cali_batchsize: 4         # calibration batches (of data.batch_size)
       backend: Academic
       reconstruction: {...}     # advanced_ptq: ptq_reconstruction's config
+      algorithm: rtn            # mqbench, weight_only: rtn (round to nearest, reads no data), gptq or awq
+      algorithm_config: {}      # mqbench, weight_only: gptq's or awq's config (GPTQ_DEFAULTS / AWQ_DEFAULTS keys)
+      rotation: null            # mqbench: null, or hadamard_rotation's config ({} for its defaults:
+                                #   ROTATION_DEFAULTS) to rotate a pre-norm transformer's residual stream first
       recipe: null              # mqbench: calibration recipe: null (the backend's ptq_recipe), plain, or
                                 # {activation_observer: PercentileObserver, equalize: true, bias_correction: true}
       deploy: {model_name: model, output_path: null, deploy_to_qlinear: false}
@@ -61,6 +68,47 @@ and the valid choices. Missing sections and keys take the defaults below.
 
 ``data.batch_size`` is per process: under ``torchrun`` with N processes a step sees N batches.
 
+Weight-only quantization of language models (``quantize_type: weight_only``): the weights are rounded by
+``algorithm`` (``rtn``: each weight quantizer calibrated on its own weight; ``gptq`` / ``awq``:
+:func:`~mqbench.advanced_ptq.gptq` / :func:`~mqbench.advanced_ptq.awq` on the calibration batches with
+``algorithm_config``), then the model quantizes. The bits and group size are the backend's (``llm_w4a16``: 4-bit
+symmetric groups of 128 input channels; ``llm_w8a16``: 8-bit); change them through ``extra_qconfig_dict``. A
+backend that also quantizes activations (``tensorrt_nlp``'s W8A8) gets its activation calibration first (as
+naive_ptq does), then the algorithm re-rounds its weights. ``rotation`` (any quantize_type) first rotates a
+pre-norm transformer's residual stream (:func:`~mqbench.advanced_ptq.hadamard_rotation`, which recalibrates):
+
+.. code-block:: yaml
+
+    model: {type: tiny_gpt}     # the bundled decoder (task language_model): perplexity on held-out windows
+    data: {batch_size: 8, max_eval: 64}   # calibration: cali_batchsize x batch_size training windows
+    quantize: {quantize_type: weight_only, backend: llm_w4a16, algorithm: gptq, algorithm_config: {damp: 0.01},
+               rotation: {}}   # optional: Hadamard rotation (ROTATION_DEFAULTS) before GPTQ
+    extra_prepare_dict:         # W3A16, groups of 64 (optional: the backend's scheme otherwise)
+      extra_qconfig_dict: {w_qscheme: {bit: 3, group_size: 64}}
+
+Tasks (``model.task``): ``classification`` (top-1 accuracy on labelled validation samples); ``language_model``
+(``model.type: tiny_gpt``, :func:`mqbench.models.decoder.trained_decoder`'s byte-level decoder with its standard
+library corpus: calibration on ``cali_batchsize x batch_size`` windows of 128 bytes of the training part, drawn with
+seed ``process.seed + 1``; the metric is the perplexity, lower is better, on ``max_eval`` (default 64) windows of
+129 bytes of the held-out part, drawn with seed 1000; deployment is verified on their first 128 bytes). It brings
+its own data: ``data.path`` and ``data.factory`` stay null, ``data.batch_size`` and ``data.max_eval`` apply, the
+image keys are not used; ``embedding`` (a sentence encoder, any model.type but the bundled tiny_gpt, with the
+data of ``data``; labels are not read): the output ``model.output`` selects (``[N, L, D]`` hidden states, e.g.
+``last_hidden_state``, averaged over the L tokens, or ``[N, D]`` already pooled) is L2-normalised into one
+embedding per validation sample, and the metric is the agreement of the quantized model's embeddings with the float
+model's (:func:`mqbench.models.sentence_embedding.embedding_agreement`: mean and min cosine, nearest-neighbour
+agreement; higher is better), for the simulated and the deployed model. The samples are of one length (no
+padding: the attention mask is ones), so the mean over all tokens is the attention-masked mean. all-MiniLM-L6-v2 on
+windows of the standard library's docstrings:
+
+.. code-block:: yaml
+
+    model: {type: "mqbench.models.sentence_embedding:minilm", tracer: huggingface, task: embedding,
+            output: last_hidden_state}
+    data: {factory: "mqbench.models.sentence_embedding:docstring_token_windows", kwargs: {length: 32},
+           batch_size: 16, max_eval: 64}
+    quantize: {quantize_type: weight_only, backend: llm_w4a16, algorithm: gptq, cali_batchsize: 2}
+
 MQBench's QAT example configs (its ``lsq_configs``) are flat; they load too, each key mapped to
 one above: ``arch`` (model.type), ``model_path`` (model.path), ``resume``, ``epochs``, ``optim``
 (training.optimizer), ``lr``, ``lr_scheduler``, ``weight_decay``, ``momentum`` (training.*),
@@ -80,7 +128,7 @@ Example:
     ...     parse_config({"quantize": {"quantize_typ": "naive_ptq"}}, "run.yaml")
     ... except ConfigError as error:
     ...     print(str(error)[:60])
-    run.yaml: unknown key 'quantize.quantize_typ'; valid keys: b
+    run.yaml: unknown key 'quantize.quantize_typ'; valid keys: a
 """
 
 from __future__ import annotations
@@ -91,24 +139,39 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "ALGORITHMS",
     "BUDGET_KEYS",
     "DEFAULTS",
     "LR_SCHEDULERS",
     "OPTIMIZERS",
     "QUANTIZE_TYPES",
+    "TASKS",
+    "TASK_MODELS",
     "TRACERS",
     "ConfigError",
     "load_config",
     "parse_config",
 ]
 
-QUANTIZE_TYPES = ("naive_ptq", "advanced_ptq")
+QUANTIZE_TYPES = ("naive_ptq", "advanced_ptq", "weight_only")
+ALGORITHMS = ("rtn", "gptq", "awq")
+TASKS = ("classification", "language_model", "embedding")
+# model.type names of the models that bring their own data, and their task
+TASK_MODELS = {"tiny_gpt": "language_model"}
 # Names MQBench's example configs also use ("support ptq or qat"): ptq is resolved by whether a
 # reconstruction is given; qat is kept, for mqbench qat (mqbench ptq refuses it, naming the command).
 _ACCEPTED_QUANTIZE_TYPES = (*QUANTIZE_TYPES, "ptq", "qat")
 
 DEFAULTS: dict[str, Any] = {
-    "model": {"type": "resnet18", "kwargs": {}, "path": None, "tracer": None, "input_names": None, "output": None},
+    "model": {
+        "type": "resnet18",
+        "kwargs": {},
+        "path": None,
+        "tracer": None,
+        "input_names": None,
+        "output": None,
+        "task": None,
+    },
     "data": {
         "path": None,
         "factory": None,
@@ -127,6 +190,9 @@ DEFAULTS: dict[str, Any] = {
         "cali_batchsize": 4,
         "backend": "Academic",
         "reconstruction": None,
+        "algorithm": None,
+        "algorithm_config": {},
+        "rotation": None,
         "recipe": None,
         "deploy": {"model_name": "model", "output_path": None, "deploy_to_qlinear": False},
         "verify_samples": 32,
@@ -254,6 +320,7 @@ _CHECKS: dict[str, dict[str, tuple[Callable[[Any], bool], str]]] = {
             lambda v: v is None or (isinstance(v, int) and not isinstance(v, bool) and v >= 0) or isinstance(v, str),
             "null, an index (0, 1, ...) into the model's outputs or a key of its mapping output",
         ),
+        "task": (lambda v: v is None or v in TASKS, "null (from model.type) or " + ", ".join(TASKS)),
     },
     "data": {
         "path": (_optional_str, "an image folder, a .npz file or null (the bundled digits)"),
@@ -276,6 +343,15 @@ _CHECKS: dict[str, dict[str, tuple[Callable[[Any], bool], str]]] = {
         "cali_batchsize": (_positive_int, "a positive integer (number of calibration batches)"),
         "backend": (lambda v: isinstance(v, str) and bool(v), "a backend name (mqbench backends lists them)"),
         "reconstruction": (lambda v: v is None or _mapping(v), "a mapping (ptq_reconstruction's config)"),
+        "algorithm": (lambda v: v is None or v in ALGORITHMS, "one of " + ", ".join(ALGORITHMS)),
+        "algorithm_config": (
+            lambda v: v is None or _mapping(v),
+            "a mapping (gptq's or awq's config: mqbench.advanced_ptq.GPTQ_DEFAULTS / AWQ_DEFAULTS name its keys)",
+        ),
+        "rotation": (
+            lambda v: v is None or _mapping(v),
+            "null, or a mapping (hadamard_rotation's config; {} for mqbench.advanced_ptq.ROTATION_DEFAULTS)",
+        ),
         "recipe": (
             _recipe,
             "null (the backend's recipe), plain, or a mapping of activation_observer (an observer name or null), "
@@ -435,7 +511,69 @@ def parse_config(raw: Any, source: str = "<config>") -> dict[str, Any]:
             f"{source}: quantize.quantize_type is advanced_ptq but quantize.reconstruction is empty; give "
             "ptq_reconstruction's config (pattern, max_count, ...) or use naive_ptq"
         )
+    _check_weight_only(config, source)
+    _check_task(config, source)
     return config
+
+
+def _check_weight_only(config: dict[str, Any], source: str) -> None:
+    """``algorithm`` and ``algorithm_config`` belong to weight_only (whose algorithm defaults to rtn)."""
+    quantize = config["quantize"]
+    quantize["algorithm_config"] = dict(quantize["algorithm_config"] or {})
+    if quantize["quantize_type"] != "weight_only":
+        for key in ("algorithm", "algorithm_config"):
+            if quantize[key]:
+                raise ConfigError(
+                    f"{source}: 'quantize.{key}' is for quantize_type: weight_only (its algorithms: "
+                    f"{', '.join(ALGORITHMS)}); this run's quantize_type is {quantize['quantize_type']}"
+                )
+        return
+    if quantize["algorithm"] is None:
+        quantize["algorithm"] = "rtn"
+    if quantize["algorithm"] == "rtn" and quantize["algorithm_config"]:
+        raise ConfigError(
+            f"{source}: 'quantize.algorithm_config' is for gptq and awq; rtn (round to nearest) takes no settings"
+        )
+    if quantize["reconstruction"]:
+        raise ConfigError(f"{source}: 'quantize.reconstruction' is for advanced_ptq, not weight_only")
+
+
+def _check_task(config: dict[str, Any], source: str) -> None:
+    """``model.task`` from ``model.type`` where null; a model that brings its own data takes no data source."""
+    model, data = config["model"], config["data"]
+    implied = TASK_MODELS.get(model["type"])
+    if model["task"] is None:
+        model["task"] = implied or "classification"
+    models = ", ".join(f"{name} ({task})" for name, task in TASK_MODELS.items())
+    if implied is not None and model["task"] != implied:
+        raise ConfigError(
+            f"{source}: 'model.task' is {model['task']} but model.type {model['type']!r} is a {implied} model that "
+            f"brings its own data and metric; remove model.task (the {model['task']} task runs your own model: "
+            "model.type package.module:factory with data.path or data.factory)"
+        )
+    if implied is None and model["task"] in TASK_MODELS.values():
+        raise ConfigError(
+            f"{source}: 'model.task' is {model['task']} but model.type {model['type']!r} is not a {model['task']} "
+            f"model; the {model['task']} task runs the bundled model: {models}"
+        )
+    if model["task"] == "embedding" and data["max_eval"] == 1:
+        raise ConfigError(
+            f"{source}: 'data.max_eval' is 1; the embedding task compares each validation sample's nearest other "
+            "sample, so it needs at least 2"
+        )
+    if model["task"] in ("classification", "embedding"):
+        return
+    for key in ("path", "factory"):
+        if data[key] is not None:
+            raise ConfigError(
+                f"{source}: 'data.{key}': model.type {model['type']} brings its own data (the task "
+                f"{model['task']}); remove data.{key}"
+            )
+    if model["tracer"] is not None or model["output"] is not None:
+        raise ConfigError(
+            f"{source}: 'model.tracer' and 'model.output' are for your own classification and embedding models; "
+            f"model.type {model['type']} is loaded and measured by its own recipe"
+        )
 
 
 def load_config(path: str | Path) -> dict[str, Any]:

@@ -3,27 +3,41 @@
 Calibration on ``quantize.cali_batchsize`` training batches (MQBench's order: activations, then
 weights; with the backend's recipe, or ``quantize.recipe``'s, see :func:`~mqbench.advanced_ptq.calibrate`) for
 ``quantize_type: naive_ptq``; then :func:`~mqbench.advanced_ptq.ptq_reconstruction` with
-``quantize.reconstruction`` for ``advanced_ptq``. Deployment, verification, the run folder and the
-report are :mod:`mqbench.app.runs`'.
+``quantize.reconstruction`` for ``advanced_ptq``. ``weight_only`` rounds the weights with ``quantize.algorithm``
+(see :func:`weight_only`). Deployment, verification, the run folder and the report are :mod:`mqbench.app.runs`'.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
 from torch import fx, nn
 from tqdm.auto import tqdm
 
-from mqbench.advanced_ptq import calibrate, ptq_reconstruction
+from mqbench.advanced_ptq import awq, calibrate, gptq, hadamard_rotation, ptq_reconstruction
 from mqbench.advanced_ptq.calibration import recipe_of
+from mqbench.advanced_ptq.weight_only import calibrate_weights
 from mqbench.app.config import ConfigError
 from mqbench.app.runs import Run, execute
 from mqbench.backends import PTQRecipe
 from mqbench.observer import ObserverDict
+from mqbench.utils.state import enable_quantization
 
-__all__ = ["ptq_recipe", "quantize_ptq", "run_ptq", "run_ptq_with_handles"]
+__all__ = [
+    "WEIGHT_ALGORITHMS",
+    "ptq_recipe",
+    "quantize_ptq",
+    "rotate",
+    "run_ptq",
+    "run_ptq_with_handles",
+    "weight_only",
+]
+
+# quantize.algorithm -> the advanced_ptq function taking (qmodel, cali_data, config); rtn reads no data
+WEIGHT_ALGORITHMS: dict[str, Callable[[fx.GraphModule, Any, Any], fx.GraphModule]] = {"gptq": gptq, "awq": awq}
 
 
 def ptq_recipe(value: Any, qmodel: nn.Module) -> PTQRecipe:
@@ -53,6 +67,9 @@ def quantize_ptq(run: Run, model: nn.Module) -> nn.Module:
     started = time.perf_counter()
     qmodel = run.prepare(model)
     calibration = run.calibration_batches()
+    rotate(run, qmodel, calibration)
+    if quantize["quantize_type"] == "weight_only":
+        return weight_only(run, qmodel, calibration, started)
     recipe = ptq_recipe(quantize.get("recipe"), qmodel)
     run.extra["recipe"] = recipe.describe()
     calibrate(qmodel, tqdm(calibration, desc="calibration", disable=run.quiet, leave=False), recipe=recipe)
@@ -63,6 +80,59 @@ def quantize_ptq(run: Run, model: nn.Module) -> nn.Module:
         reconstruction.setdefault("progress", not run.quiet)
         ptq_reconstruction(qmodel, calibration, reconstruction)
         run.seconds["reconstruction"] = time.perf_counter() - started
+    return qmodel
+
+
+def rotate(run: Run, qmodel: fx.GraphModule, calibration: list[Any]) -> None:
+    """``quantize.rotation``: :func:`~mqbench.advanced_ptq.hadamard_rotation` with that config (which recalibrates
+    the model; calibration and the algorithms then see the rotated weights). A model it cannot rotate, or a bad
+    key, is a ConfigError naming why."""
+    config = run.config["quantize"]["rotation"]
+    if config is None:
+        return
+    started = time.perf_counter()
+    with tqdm(total=1, desc="hadamard rotation", disable=run.quiet, leave=False) as bar:
+        try:
+            hadamard_rotation(qmodel, calibration, dict(config))
+        except ValueError as error:
+            raise ConfigError(f"quantize.rotation: {error}") from error
+        bar.update()
+    run.extra["rotation"] = qmodel.meta["rotation"]
+    run.seconds["rotation"] = time.perf_counter() - started
+
+
+def weight_only(run: Run, qmodel: fx.GraphModule, calibration: list[Any], started: float) -> fx.GraphModule:
+    """``quantize_type: weight_only``: ``quantize.algorithm`` on the prepared model's weights, then quantization on.
+
+    A backend that also quantizes activations (not ``weight_only`` in its spec, e.g. tensorrt_nlp's W8A8) is first
+    calibrated as naive_ptq calibrates (activations and weights); the algorithm then re-rounds the weights. ``rtn``
+    calibrates each weight quantizer on its own weight (no data); ``gptq`` and ``awq`` read the calibration batches
+    with ``quantize.algorithm_config`` (whose unknown keys or bad values are a ConfigError naming the valid ones).
+    """
+    quantize = run.config["quantize"]
+    algorithm = quantize["algorithm"] or "rtn"
+    run.extra["algorithm"] = algorithm
+    if not run.spec.weight_only:
+        recipe = ptq_recipe(quantize.get("recipe"), qmodel)
+        run.extra["recipe"] = recipe.describe()
+        calibrate(qmodel, tqdm(calibration, desc="calibration", disable=run.quiet, leave=False), recipe=recipe)
+    run.seconds["calibration"] = time.perf_counter() - started
+    started = time.perf_counter()
+    if algorithm == "rtn":
+        calibrate_weights(qmodel)
+    else:
+        config = dict(quantize["algorithm_config"] or {})
+        # one step: the algorithm passes over the calibration batches once per site of linear layers
+        with tqdm(total=1, desc=f"{algorithm} on {len(calibration)} batch(es)", disable=run.quiet, leave=False) as bar:
+            try:
+                WEIGHT_ALGORITHMS[algorithm](qmodel, calibration, config)
+            except ValueError as error:
+                if f"{algorithm} config" not in str(error):  # not a configuration error: the algorithm's own
+                    raise
+                raise ConfigError(f"quantize.algorithm_config: {error}") from error
+            bar.update()
+    enable_quantization(qmodel)
+    run.seconds[algorithm] = time.perf_counter() - started
     return qmodel
 
 

@@ -261,24 +261,73 @@ def _pct(value: float | None) -> str:
     return "-" if value is None else f"{100 * value:.2f} %"
 
 
+def _ppl(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4f}"
+
+
+def _method(results: dict[str, Any]) -> str:
+    """The run's method, with its weight-rounding algorithm where it has one."""
+    algorithm = results.get("algorithm")
+    return f"{results['method']} ({algorithm})" if algorithm else str(results["method"])
+
+
+def _cosine(value: float) -> str:
+    return f"{value:.4f}"
+
+
+def _metric_rows(results: dict[str, Any], short: bool = False) -> tuple[list[str], list[list[str]]]:
+    """The metric's columns and a row per model: the float, simulated and deployed models' held-out perplexity
+    (a language model; lower is better) or top-1 accuracy; a sentence encoder's simulated and deployed embeddings'
+    agreement with the float model's (mean and min cosine, nearest-neighbour agreement; higher is better)."""
+    if "embedding" in results:
+        figures = results["embedding"]
+        artifact = figures.get("deployed_artifact") or "-"
+        columns = [
+            "mean cosine to float embeddings (higher is better)",
+            "min cosine",
+            "nearest-neighbour agreement",
+        ]
+        labels = {
+            "simulated": "simulated" if short else "simulated (fake quantization)",
+            "deployed": f"deployed ({artifact})" if short else f"deployed ({artifact}, on its runtime)",
+        }
+        return columns, [
+            [
+                label,
+                _cosine(figures[key]["mean_cosine"]),
+                _cosine(figures[key]["min_cosine"]),
+                _pct(figures[key]["neighbour_agreement"]),
+            ]
+            for key, label in labels.items()
+        ]
+    if "perplexity" in results:
+        figures, shown, header = results["perplexity"], _ppl, "held-out perplexity (lower is better)"
+    else:
+        figures, shown, header = results["accuracy"], _pct, "top-1 accuracy"
+    artifact = figures.get("deployed_artifact") or "-"
+    return [header], [
+        ["float", shown(figures["float"])],
+        ["simulated" if short else "simulated (fake quantization)", shown(figures["simulated"])],
+        [f"deployed ({artifact})" if short else f"deployed ({artifact}, on its runtime)", shown(figures["deployed"])],
+    ]
+
+
 def _db(value: float) -> str:
     return "exact" if math.isinf(value) else f"{value:.1f}"
 
 
 def render_markdown(results: dict[str, Any]) -> str:
     """``report.md``: the report's tables."""
-    acc = results["accuracy"]
+    columns, figures = _metric_rows(results)
     lines = [
         f"# {results['command']} run: {results['model']} on {results['backend']}",
         "",
         f"Data: {results['data']['source']} ({results['data']['calibration_samples']} calibration samples, "
-        f"{results['data']['val_samples']} validation samples). Method: {results['method']}.",
+        f"{results['data']['val_samples']} validation samples). Method: {_method(results)}.",
         "",
-        "| model | top-1 accuracy |",
-        "| --- | --- |",
-        f"| float | {_pct(acc['float'])} |",
-        f"| simulated (fake quantization) | {_pct(acc['simulated'])} |",
-        f"| deployed ({acc.get('deployed_artifact') or '-'}, on its runtime) | {_pct(acc['deployed'])} |",
+        "| model | " + " | ".join(columns) + " |",
+        "|" + " --- |" * (len(columns) + 1),
+        *["| " + " | ".join(row) + " |" for row in figures],
         "",
     ]
     history = results.get("training", {}).get("history")
@@ -349,7 +398,9 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
 def render_html(results: dict[str, Any]) -> str:
     """``report.html``: one file, plots embedded."""
     plots = _plots(results)
-    acc = results["accuracy"]
+    columns, figures = _metric_rows(results, short=True)
+    heading = {"embedding": "Sentence embeddings", "perplexity": "Perplexity"}
+    shown = next((title for key, title in heading.items() if key in results), "Accuracy")
 
     def image(name: str, alt: str) -> str:
         if name not in plots:
@@ -359,16 +410,9 @@ def render_html(results: dict[str, Any]) -> str:
     parts = [
         f"<h1>{html.escape(results['command'])} run: {html.escape(results['model'])} on "
         f"{html.escape(results['backend'])}</h1>",
-        f"<p>Data: {html.escape(results['data']['source'])}; method: {html.escape(results['method'])}.</p>",
-        "<h2>Accuracy</h2>",
-        _table(
-            ["model", "top-1 accuracy"],
-            [
-                ["float", _pct(acc["float"])],
-                ["simulated", _pct(acc["simulated"])],
-                [f"deployed ({acc.get('deployed_artifact') or '-'})", _pct(acc["deployed"])],
-            ],
-        ),
+        f"<p>Data: {html.escape(results['data']['source'])}; method: {html.escape(_method(results))}.</p>",
+        f"<h2>{shown}</h2>",
+        _table(["model", *columns], figures),
         image("accuracy", "accuracy of the float, simulated and deployed models"),
     ]
     history = results.get("training", {}).get("history") or []

@@ -4,7 +4,13 @@ report.
 A run: the float model and data of the configuration and their float accuracy; the command's own
 quantization (calibration, reconstruction or training); then, on rank 0, the quantized model's state
 dict, its simulated accuracy, deployment of every artifact the backend consumes, ``verify_deploy``
-on validation samples and the deployed model's accuracy as its runtime serves it.
+on validation samples and the deployed model's accuracy as its runtime serves it. A language model
+(``model.task: language_model``) is measured by its held-out perplexity instead (``results.json``'s
+``perplexity``: float, simulated and deployed, lower is better; ``accuracy`` then holds nulls), its deployment
+verified on the first ``context`` tokens of held-out windows. A sentence encoder (``model.task: embedding``) is
+measured by how closely the quantized model's embeddings of the validation samples follow the float model's
+(``results.json``'s ``embedding``: mean cosine, min cosine and nearest-neighbour agreement of the simulated and
+the deployed model, higher is better; see :meth:`Run.embeddings`).
 
 The run folder holds ``config.yaml`` (every default filled in), ``quantized_state_dict.pt`` (load it
 into ``prepare_by_platform(model, backend, extra_prepare_dict)``, after
@@ -20,15 +26,17 @@ earlier run comes back if the new one does not finish).
 from __future__ import annotations
 
 import inspect
+import math
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 import torch.utils._pytree as pytree
 from torch import Tensor, fx, nn
 from tqdm.auto import tqdm
@@ -38,11 +46,12 @@ from mqbench.app.config import ConfigError, load_config
 from mqbench.app.distributed import Processes
 from mqbench.app.folder import OutputError, RunFolder, describe_os_error, previous_status
 from mqbench.app.report import layer_errors, lsb_histogram, render_html, render_markdown
-from mqbench.app.sources import Data, fit_channels, load_data, load_model
+from mqbench.app.sources import Data, fit_channels, load_data, load_language_model, load_model
 from mqbench.backends import BackendSpec, resolve_backend
 from mqbench.convert_deploy import convert_deploy
 from mqbench.deploy.context import DeployResult
 from mqbench.deploy.verify import verify_deploy
+from mqbench.models.sentence_embedding import embedding_agreement
 from mqbench.prepare_by_platform import prepare_by_platform
 from mqbench.utils.host import describe_host, host_facts
 from mqbench.utils.logger import logger
@@ -109,9 +118,16 @@ class Run:
             raise ConfigError(f"extra_prepare_dict: {error}") from error
 
     @property
+    def task(self) -> str:
+        """``model.task``: classification, language_model or embedding."""
+        return str(self.config["model"]["task"] or "classification")
+
+    @property
     def verify_samples(self) -> Tensor:
-        """The validation samples the deployment is verified on (``quantize.verify_samples``)."""
-        return self.val[: self.config["quantize"]["verify_samples"]]
+        """The validation samples the deployment is verified on (``quantize.verify_samples``); a language model's
+        held-out windows without their last token (the windows are one longer than its context, for the targets)."""
+        samples = self.val[: self.config["quantize"]["verify_samples"]]
+        return samples[:, :-1] if self.task == "language_model" else samples
 
     def calibration_batches(self) -> list[Tensor]:
         """``cali_batchsize`` global batches: every process's calibration data together (rank 0 calibrates)."""
@@ -124,16 +140,59 @@ class Run:
         return self.config["model"]["output"]
 
     def accuracy(self, run: Callable[[Tensor], Any], what: str) -> float | None:
-        """Top-1 accuracy on the validation samples (None without labels)."""
+        """Top-1 accuracy on the validation samples (None without labels, and for the tasks with their own metric)."""
+        if self.task != "classification":
+            return None
         return accuracy(run, self.val, self.val_labels, self.batch_size, what, self.quiet, self.output)
+
+    def perplexity(self, run: Callable[[Tensor], Any], what: str) -> float | None:
+        """A language model's held-out perplexity: ``exp`` of the mean next-token cross-entropy over the held-out
+        windows, every position but the first (:func:`mqbench.models.decoder.held_out_perplexity`'s figure; None
+        for other tasks)."""
+        if self.task != "language_model":
+            return None
+        windows = tqdm(self.val.split(self.batch_size), desc=f"perplexity ({what})", disable=self.quiet, leave=False)
+        total, count = 0.0, 0
+        with torch.no_grad():
+            for ids in windows:  # as held_out_perplexity computes it, for a deployed model's runner too
+                logits = prediction(run(ids[:, :-1]))
+                targets = ids[:, 1:].reshape(-1)
+                total += float(F.cross_entropy(logits.reshape(len(targets), -1).float(), targets, reduction="sum"))
+                count += len(targets)
+        return math.exp(total / count)
+
+    def embeddings(self, run: Callable[[Tensor], Any], what: str) -> Tensor | None:
+        """A sentence encoder's embeddings of the validation samples ``[N, D]`` (None for other tasks): the output
+        ``model.output`` selects, ``[N, L, D]`` averaged over its L tokens (the samples are of one length, without
+        padding: the attention-masked mean) or ``[N, D]`` as it is, L2-normalised."""
+        if self.task != "embedding":
+            return None
+        pooled = []
+        batches = tqdm(self.val.split(self.batch_size), desc=f"embeddings ({what})", disable=self.quiet, leave=False)
+        with torch.no_grad():
+            for ids in batches:
+                output = run(ids)
+                structured = isinstance(output, Tensor | dict | tuple | list)  # a model's; a runtime gives an array
+                hidden = prediction(output, self.output) if structured else torch.as_tensor(np.asarray(output))
+                if hidden.dim() not in (2, 3):
+                    raise ConfigError(
+                        f"model.task embedding: the output model.output selects ({self.output!r}) has shape "
+                        f"{tuple(hidden.shape)}; it pools [N, L, D] hidden states (e.g. last_hidden_state) or takes "
+                        "[N, D] embeddings: choose that output with model.output"
+                    )
+                pooled.append(F.normalize((hidden.mean(1) if hidden.dim() == 3 else hidden).float(), dim=-1))
+        return torch.cat(pooled)
 
 
 def load_run(
     config: dict[str, Any], spec: BackendSpec, folder: RunFolder | None, processes: Processes, quiet: bool
 ) -> tuple[Run, nn.Module, str]:
     """The run of a checked configuration: its data loaded; with its float model and a description of it."""
-    model, described = load_model(config["model"])
-    data = fit_channels(load_data(config["data"], token_ids=config["model"]["tracer"] == "huggingface"), model)
+    if config["model"]["task"] == "language_model":
+        model, described, data = load_language_model(config)
+    else:
+        model, described = load_model(config["model"])
+        data = fit_channels(load_data(config["data"], token_ids=config["model"]["tracer"] == "huggingface"), model)
     max_eval = config["data"]["max_eval"]
     val = data.val if max_eval is None else data.val[:max_eval]
     val_labels = data.val_labels if data.val_labels is None or max_eval is None else data.val_labels[:max_eval]
@@ -150,14 +209,17 @@ def deploy_model(run: Run, qmodel: nn.Module, output: Path) -> DeployResult:
     """``convert_deploy`` with the configuration's deploy settings into ``output``."""
     deploy = run.config["quantize"]["deploy"]
     samples = run.verify_samples
-    name = run.input_name or "x"  # a Hugging Face model's input holds token ids: a real sample traces it
+    name = run.input_name or "x"
+    tokens = run.input_name is not None or run.task == "language_model"  # token ids: a real sample traces them
+    if run.task == "language_model":
+        name = next(iter(inspect.signature(qmodel.forward).parameters))
     return convert_deploy(
         qmodel,
         run.spec,
-        None if run.input_name else {name: [1, *samples.shape[1:]]},
+        None if tokens else {name: [1, *samples.shape[1:]]},
         output_path=output,
         model_name=deploy["model_name"],
-        dummy_input={name: samples[:1]} if run.input_name else None,
+        dummy_input={name: samples[:1]} if tokens else None,
         deploy_to_qlinear=deploy["deploy_to_qlinear"],
         dynamic_axes={name: {0: "batch"}},
     )
@@ -278,6 +340,44 @@ def _verify_summary(check: Any, samples: int) -> dict[str, Any]:
 Quantize = Callable[[Run, nn.Module], nn.Module]
 
 
+def _perplexities(
+    run: Run, float_: float | None, simulated: float | None, deployed: float | None, artifact: str
+) -> dict[str, Any]:
+    """``results.json``'s ``perplexity`` entry of a language model (nothing for other tasks)."""
+    if run.task != "language_model":
+        return {}
+    return {
+        "perplexity": {
+            "float": float_,
+            "simulated": simulated,
+            "deployed": deployed,
+            "deployed_artifact": artifact,
+            "windows": len(run.val),
+            "window_tokens": int(run.val.shape[1]) - 1,
+        }
+    }
+
+
+def _embedding_agreements(
+    run: Run, reference: Tensor | None, simulated: Tensor | None, deployed: Tensor | None, artifact: str
+) -> dict[str, Any]:
+    """``results.json``'s ``embedding`` entry of a sentence encoder (nothing for other tasks): the simulated and the
+    deployed model's :func:`~mqbench.models.sentence_embedding.embedding_agreement` with the float embeddings."""
+    if reference is None or simulated is None or deployed is None:
+        return {}
+    return {
+        "embedding": {
+            "simulated": asdict(embedding_agreement(reference, simulated)),
+            "deployed": asdict(embedding_agreement(reference, deployed)),
+            "deployed_artifact": artifact,
+            "output": run.output,
+            "samples": len(run.val),
+            "sample_shape": list(run.val.shape[1:]),
+            "dimension": int(reference.shape[1]),
+        }
+    }
+
+
 def check_output(output: str | Path, overwrite: bool) -> str | None:
     """Refuse an output folder that holds a finished run unless ``overwrite``; the status of the run there."""
     previous = previous_status(output)
@@ -366,10 +466,12 @@ def _execute(
     logger.info("model: %s; data: %s (%d train, %d validation)", described, data.source, len(data.train), len(val))
     results |= {"model": described, "host": describe_host(), "host_facts": host_facts()}
 
-    float_accuracy = None
+    float_accuracy = float_perplexity = float_embeddings = None
     if processes.main:
         started = time.perf_counter()
         float_accuracy = run.accuracy(model, "float")
+        float_perplexity = run.perplexity(model, "float")
+        float_embeddings = run.embeddings(model, "float")
         run.seconds["float evaluation"] = time.perf_counter() - started
 
     qmodel = quantize(run, model)
@@ -382,6 +484,8 @@ def _execute(
 
     started = time.perf_counter()
     simulated_accuracy = run.accuracy(qmodel, "simulated")
+    simulated_perplexity = run.perplexity(qmodel, "simulated")
+    simulated_embeddings = run.embeddings(qmodel, "simulated")
     run.seconds["simulated evaluation"] = time.perf_counter() - started
 
     started = time.perf_counter()
@@ -404,9 +508,13 @@ def _execute(
 
     started = time.perf_counter()
     with torch.no_grad():
-        index = output_index(model(run.val[:1]), run.output)  # the deployed model's outputs are in this order
+        index = output_index(model(samples[:1]), run.output)  # the deployed model's outputs are in this order
     artifact, runner = deployed_runner(check.result, index)
     deployed_accuracy = run.accuracy(lambda x: runner(x.numpy()), f"deployed {artifact}")
+    deployed_perplexity = run.perplexity(
+        lambda x: torch.as_tensor(np.asarray(runner(x.numpy()))), f"deployed {artifact}"
+    )
+    deployed_embeddings = run.embeddings(lambda x: runner(x.numpy()), f"deployed {artifact}")
     run.seconds["deployed evaluation"] = time.perf_counter() - started
 
     results |= {
@@ -424,6 +532,8 @@ def _execute(
             "deployed_artifact": artifact,
         },
         "verify": _verify_summary(check, len(samples)),
+        **_perplexities(run, float_perplexity, simulated_perplexity, deployed_perplexity, artifact),
+        **_embedding_agreements(run, float_embeddings, simulated_embeddings, deployed_embeddings, artifact),
         "simulation_vs_float": report.fidelity.to_dict() if report.fidelity is not None else None,
         "layer_errors": errors,
         "artifacts": {key: str(path) for key, path in check.result.artifacts.items()},
@@ -453,6 +563,30 @@ def describe_results(results: dict[str, Any]) -> str:
     def pct(value: float | None) -> str:
         return "-" if value is None else f"{100 * value:.2f} %"
 
+    def ppl(value: float | None) -> str:
+        return "-" if value is None else f"{value:.4f}"
+
+    if "embedding" in results:
+        e = results["embedding"]
+
+        def agreement(figures: dict[str, float]) -> str:
+            return (
+                f"mean cosine {figures['mean_cosine']:.4f}, min {figures['min_cosine']:.4f}, nearest neighbour "
+                f"{pct(figures['neighbour_agreement'])}"
+            )
+
+        return (
+            f"{results['model']} on {results['backend']} ({results['method']}): sentence embeddings against the float "
+            f"model's (higher is better): simulated {agreement(e['simulated'])}; deployed ({e['deployed_artifact']}) "
+            f"{agreement(e['deployed'])}; verify {verdict}"
+        )
+    if "perplexity" in results:
+        p = results["perplexity"]
+        return (
+            f"{results['model']} on {results['backend']} ({results['method']}): held-out perplexity (lower is "
+            f"better) float {ppl(p['float'])}, simulated {ppl(p['simulated'])}, deployed {ppl(p['deployed'])} "
+            f"({p['deployed_artifact']}); verify {verdict}"
+        )
     return (
         f"{results['model']} on {results['backend']} ({results['method']}): float {pct(acc['float'])}, "
         f"simulated {pct(acc['simulated'])}, deployed {pct(acc['deployed'])} ({acc['deployed_artifact']}); "

@@ -15,6 +15,14 @@ data then feeds its ``model.input_names`` argument (default ``input_ids``), the 
 defaults (an ``attention_mask`` of ones: sequences of one length), and its prediction is the
 output's ``logits``.
 
+Models that bring their own data and metric (``model.task``, :mod:`mqbench.app.config`):
+
+* ``tiny_gpt`` (language_model): :func:`mqbench.models.decoder.trained_decoder`'s byte-level decoder (trained on
+  the first call, cached), with ``model.path`` a checkpoint of its architecture loaded into it. Its data: windows
+  of the standard library's source, 128 bytes of the training part for calibration (``cali_batchsize x
+  batch_size`` of them, seed ``process.seed + 1``), 129 bytes of the held-out part for the perplexity
+  (``data.max_eval`` of them, default 64, seed 1000; the model reads the first 128).
+
 ``model.path`` is a checkpoint read with ``torch.load(weights_only=True)``: a state dict, or a dict
 holding one under ``state_dict`` or ``model`` (training scripts' layouts); a ``module.`` prefix
 (saved from DistributedDataParallel) is removed.
@@ -53,6 +61,7 @@ from torch import Tensor, nn
 
 from mqbench.app.config import ConfigError
 from mqbench.data import load_digits_split
+from mqbench.models.decoder import token_windows, trained_decoder
 from mqbench.models.zoo import VISION_MODELS, digits_rgb, zoo_model
 from mqbench.utils.logger import logger
 
@@ -62,9 +71,12 @@ __all__ = [
     "fit_channels",
     "load_checkpoint",
     "load_data",
+    "load_language_model",
     "load_model",
     "split_import_path",
 ]
+
+LANGUAGE_MODEL_WINDOWS = 64  # held-out windows a language model is measured on without data.max_eval
 
 _HALF_TYPES = (torch.float16, torch.bfloat16)
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
@@ -183,6 +195,26 @@ def load_model(section: dict[str, Any]) -> tuple[nn.Module, str]:
     if path is not None:
         load_checkpoint(model, path)
     return _float32(model).eval(), f"{name}" + (f" with {path}" if path else "")
+
+
+def load_language_model(config: dict[str, Any]) -> tuple[nn.Module, str, Data]:
+    """``model.type: tiny_gpt``: the trained decoder (eval mode), a description, and its data (see the module
+    docstring): calibration windows ``[cali_batchsize x batch_size, 128]`` as ``train``, held-out windows
+    ``[max_eval, 129]`` as ``val``, no labels."""
+    section = config["model"]
+    if section["kwargs"]:
+        raise ConfigError("model.kwargs: tiny_gpt is built by its own recipe and takes none")
+    model, train_bytes, held_bytes = trained_decoder()
+    described = "tiny_gpt (byte-level decoder trained on the standard library)"
+    if section["path"] is not None:
+        load_checkpoint(model, section["path"])
+        described = f"tiny_gpt with {section['path']}"
+    context = int(model.context)
+    calibration = config["quantize"]["cali_batchsize"] * config["data"]["batch_size"]
+    evaluation = config["data"]["max_eval"] or LANGUAGE_MODEL_WINDOWS
+    train = token_windows(train_bytes, context, calibration, config["process"]["seed"] + 1)
+    val = token_windows(held_bytes, context + 1, evaluation, 1000)
+    return model.eval(), described, Data(train, None, val, None, (), "standard library source (bytes)")
 
 
 def _float32(model: nn.Module) -> nn.Module:
