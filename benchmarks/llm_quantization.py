@@ -11,11 +11,12 @@ nearest-neighbour agreement).
 Parts (``--parts``):
 
 * ``decoder``: held-out perplexity of float; W8A16, W4A16 g128, W3A16 g128 with RTN, GPTQ, AWQ (``llm_w8a16``,
-  ``llm_w4a16``); W8A8 (``tensorrt_nlp``: per-channel int8 weights, per-tensor int8 linear and matmul inputs)
-  naive and with SmoothQuant; FP8 E4M3 (``tensorrt_fp8``). Algorithms that read calibration data run on
-  ``--draws`` draws (mean and spread); RTN reads none. One W4A16 GPTQ model is deployed and verified (both
-  artifacts).
-* ``minilm``: W4A16 g128 RTN / GPTQ / AWQ.
+  ``llm_w4a16``), and W4A16 g128 after the Hadamard rotation with RTN and GPTQ; W8A8 (``tensorrt_nlp``:
+  per-channel int8 weights, per-tensor int8 linear and matmul inputs) and W8A6 (the same, 6-bit activations)
+  naive, with SmoothQuant and with the Hadamard rotation; FP8 E4M3 (``tensorrt_fp8``). What reads calibration
+  data runs on ``--draws`` draws (mean and spread); RTN reads none. One W4A16 GPTQ model is deployed and verified
+  (both artifacts).
+* ``minilm``: W4A16 g128 RTN / GPTQ / AWQ (symmetric, the backend's), and asymmetric RTN / GPTQ with act_order.
 * ``speed``: onnxruntime (2 threads, spinning off), MatMulNBits 4-bit g128 against a float32 MatMul, for one
   token (decode) and 128 tokens (prefill), at the decoder's widths and a 7B-class layer's (4096 x 4096, 4096 x
   11008); interleaved repeats, the median of per-repeat ratios. The decoder's file sizes: the 4-bit files
@@ -23,13 +24,15 @@ Parts (``--parts``):
 * ``cost``: GPTQ and AWQ seconds per layer (per site for AWQ) against one float forward of that layer on the
   same calibration rows.
 
-Prints the tables and writes benchmarks/results/<output>.json.
-Run: .venv/bin/python benchmarks/llm_quantization.py [--parts decoder,minilm,speed,cost] [--draws 3]
+Prints the tables and writes benchmarks/results/<output>.json (``--merge``: keeping the parts not run from the
+file already there, e.g. timings rerun on a quiet machine; ``args`` records each run's arguments by its parts).
+Run: .venv/bin/python benchmarks/llm_quantization.py [--parts decoder,minilm,speed,cost] [--draws 3] [--merge]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import tempfile
 import time
@@ -43,8 +46,8 @@ import torch
 import torch.nn.functional as F
 from onnx import TensorProto, helper, numpy_helper
 
-from _timing import interleaved_samples, paired_ratio, print_table, write_json
-from mqbench.advanced_ptq import awq, calibrate, gptq
+from _timing import RESULTS, interleaved_samples, paired_ratio, print_table, write_json
+from mqbench.advanced_ptq import awq, calibrate, gptq, hadamard_rotation
 from mqbench.advanced_ptq.weight_only import calibrate_weights
 from mqbench.backends import PTQRecipe
 from mqbench.convert_deploy import convert_deploy
@@ -63,13 +66,19 @@ def _weight_only(model: torch.nn.Module, backend: str, bits: int, algorithm: str
     config = (
         {"extra_qconfig_dict": {"w_qscheme": {"bit": bits}}} if bits != (8 if backend == "llm_w8a16" else 4) else {}
     )
-    return _run(prepare_by_platform(model, backend, config), algorithm, cali)
+    qmodel = prepare_by_platform(model, backend, config)
+    if algorithm.startswith("rotation+"):
+        hadamard_rotation(qmodel, cali)
+        algorithm = algorithm.removeprefix("rotation+")
+    return _run(qmodel, algorithm, cali)
 
 
 def _run(qmodel: Any, algorithm: str, cali: Any) -> Any:
     """``qmodel`` after the algorithm (rounding to nearest: its weights calibrated), in quantization mode."""
     if algorithm == "GPTQ":
         gptq(qmodel, cali)
+    elif algorithm == "GPTQ act_order":
+        gptq(qmodel, cali, {"act_order": True})
     elif algorithm == "AWQ":
         awq(qmodel, cali)
     else:
@@ -85,7 +94,8 @@ def run_decoder(args: argparse.Namespace) -> dict[str, Any]:
     rows: dict[str, Any] = {"float": {"ppl": [held_out_perplexity(model, evaluation)]}}
     costs: dict[str, Any] = {}
     for label, (backend, bits) in WEIGHT_ONLY.items():
-        for algorithm in ("RTN", "GPTQ", "AWQ"):
+        rotated = ("rotation+RTN", "rotation+GPTQ") if label == "W4A16 g128" else ()
+        for algorithm in ("RTN", "GPTQ", "AWQ", *rotated):
             values = []
             for d, windows in enumerate(draws if algorithm != "RTN" else draws[:1]):
                 cali = list(windows.split(8))
@@ -93,18 +103,24 @@ def run_decoder(args: argparse.Namespace) -> dict[str, Any]:
                 qmodel = _weight_only(model, backend, bits, algorithm, cali)
                 seconds = time.perf_counter() - started
                 values.append(held_out_perplexity(qmodel, evaluation))
-                if d == 0 and algorithm != "RTN" and label == "W4A16 g128":
+                if d == 0 and algorithm in ("GPTQ", "AWQ") and label == "W4A16 g128":
                     costs[algorithm] = {"seconds": seconds, "report": qmodel.meta[algorithm.lower()]}
                 print(f"  {label} {algorithm} draw {d + 1}: ppl {values[-1]:.4f} ({seconds:.1f} s)", flush=True)
             rows[f"{label} {algorithm}"] = {"ppl": values}
-    for label, smooth in (("W8A8 naive", False), ("W8A8 SmoothQuant", True)):
-        values = []
-        for windows in draws:
-            qmodel = prepare_by_platform(model, "tensorrt_nlp")
-            calibrate(qmodel, list(windows.split(8)), smooth=smooth, recipe=PTQRecipe())
-            values.append(held_out_perplexity(qmodel, evaluation))
-        rows[label] = {"ppl": values}
-        print(f"  {label}: {values}", flush=True)
+    for activation_bits in (8, 6):
+        config = {"extra_qconfig_dict": {"a_qscheme": {"bit": activation_bits}}} if activation_bits != 8 else {}
+        for method in ("naive", "SmoothQuant", "rotation"):
+            label, values = f"W8A{activation_bits} {method}", []
+            for windows in draws:
+                qmodel = prepare_by_platform(model, "tensorrt_nlp", config)
+                cali = list(windows.split(8))
+                if method == "rotation":
+                    hadamard_rotation(qmodel, cali)
+                else:
+                    calibrate(qmodel, cali, smooth=method == "SmoothQuant", recipe=PTQRecipe())
+                values.append(held_out_perplexity(qmodel, evaluation))
+            rows[label] = {"ppl": values}
+            print(f"  {label}: {values}", flush=True)
     values = []
     for windows in draws:
         qmodel = prepare_by_platform(model, "tensorrt_fp8")
@@ -157,11 +173,13 @@ def run_minilm(args: argparse.Namespace) -> dict[str, Any]:
     reference = sentence_embeddings(model, held)
     example = {key: value[:2] for key, value in cali[0].items()}
     rows = {}
-    for algorithm in ("RTN", "GPTQ", "AWQ"):
-        config = {"capture": "export", "example_inputs": example}
+    for algorithm in ("RTN", "GPTQ", "AWQ", "asymmetric RTN", "asymmetric GPTQ act_order"):
+        config: dict[str, Any] = {"capture": "export", "example_inputs": example}
+        if algorithm.startswith("asymmetric "):
+            config["extra_qconfig_dict"] = {"w_qscheme": {"symmetry": False}}
         qmodel = prepare_by_platform(model, "llm_w4a16", config)
         started = time.perf_counter()
-        _run(qmodel, algorithm, cali)
+        _run(qmodel, algorithm.removeprefix("asymmetric "), cali)
         seconds = time.perf_counter() - started
         agreement = embedding_agreement(reference, sentence_embeddings(qmodel, held))
         rows[algorithm] = {
@@ -233,10 +251,22 @@ def run_speed(args: argparse.Namespace) -> dict[str, Any]:
     return rows
 
 
-def run_cost(decoder: dict[str, Any] | None) -> dict[str, Any]:
-    """Per layer: the algorithm's seconds against one float forward of that layer on the same calibration rows."""
-    if not decoder:
-        return {}
+def _algorithm_costs(args: argparse.Namespace) -> dict[str, Any]:
+    """GPTQ's and AWQ's per-layer reports of one W4A16 g128 run on the first calibration draw."""
+    model, train, _ = trained_decoder()
+    cali = list(token_windows(train, 128, args.calibration, 1).split(8))
+    costs = {}
+    for algorithm in ("GPTQ", "AWQ"):
+        started = time.perf_counter()
+        qmodel = _weight_only(model, "llm_w4a16", 4, algorithm, cali)
+        costs[algorithm] = {"seconds": time.perf_counter() - started, "report": qmodel.meta[algorithm.lower()]}
+    return costs
+
+
+def run_cost(args: argparse.Namespace, decoder: dict[str, Any] | None) -> dict[str, Any]:
+    """Per layer: the algorithm's seconds against one float forward of that layer on the same calibration rows
+    (the decoder part's first W4A16 runs, or runs of their own when that part is not run)."""
+    costs = decoder["costs"] if decoder else _algorithm_costs(args)
     model, train, _ = trained_decoder()
     rows = token_windows(train, 128, 32, 1)
     layers = {name: m for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
@@ -254,13 +284,14 @@ def run_cost(decoder: dict[str, Any] | None) -> dict[str, Any]:
         samples = interleaved_samples({"f": lambda x=x, layer=layer: F.linear(x, layer.weight, layer.bias)}, repeats=20)
         forward[name] = statistics.median(samples["f"])
     out: dict[str, Any] = {}
-    gptq_report = decoder["costs"].get("GPTQ", {}).get("report", {})
+    gptq_report = costs.get("GPTQ", {}).get("report", {})
     out["GPTQ"] = {name: r["seconds"] / forward[name] for name, r in gptq_report.items() if name in forward}
-    awq_report = decoder["costs"].get("AWQ", {}).get("report", {}).get("sites", {})
+    awq_report = costs.get("AWQ", {}).get("report", {}).get("sites", {})
     out["AWQ"] = {
         name: site["seconds"] / sum(forward[layer] for layer in site["layers"]) for name, site in awq_report.items()
     }
-    return {"ratio_to_forward": out, "forward_ms": {k: 1000 * v for k, v in forward.items()}}
+    seconds = {k: v["seconds"] for k, v in costs.items()}
+    return {"ratio_to_forward": out, "forward_ms": {k: 1000 * v for k, v in forward.items()}, "seconds": seconds}
 
 
 def _spread(values: list[float]) -> str:
@@ -276,11 +307,16 @@ def main() -> None:
     parser.add_argument("--calibration", type=int, default=32, help="calibration windows (decoder) / 4x sentences")
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--output", default="llm_quantization")
+    parser.add_argument("--merge", action="store_true", help="keep the other parts of an earlier results file")
     args = parser.parse_args()
     torch.set_num_threads(2)
     parts = set(args.parts.split(","))
     print(describe_host())
-    results: dict[str, Any] = {"args": vars(args)}
+    earlier = RESULTS / f"{args.output}.json"
+    results: dict[str, Any] = json.loads(earlier.read_text()) if args.merge and earlier.is_file() else {}
+    results.pop("machine", None)
+    results.pop("host", None)
+    results.setdefault("args", {})[args.parts] = vars(args)
     if "decoder" in parts:
         results["decoder"] = run_decoder(args)
         print_table(
@@ -288,7 +324,7 @@ def main() -> None:
             [
                 [
                     key.rsplit(" ", 1)[0] if key.endswith(("RTN", "GPTQ", "AWQ")) else key,
-                    key.rsplit(" ", 1)[1] if key.endswith(("RTN", "GPTQ", "AWQ")) else "-",
+                    key.rsplit(" ", 1)[1].replace("+", " + ") if key.endswith(("RTN", "GPTQ", "AWQ")) else "-",
                     _spread(row["ppl"]),
                     len(row["ppl"]),
                 ]
@@ -312,12 +348,12 @@ def main() -> None:
             ],
         )
     if "cost" in parts:
-        results["cost"] = run_cost(results.get("decoder"))
+        results["cost"] = run_cost(args, results.get("decoder") if "decoder" in parts else None)
         for algorithm, ratios in results["cost"].get("ratio_to_forward", {}).items():
             if ratios:
                 median = statistics.median(ratios.values())
                 print(f"{algorithm}: seconds per layer / one float forward: median {median:.0f}x")
-    if "decoder" in results:  # the per-layer reports hold tensors: keep the totals
+    if "decoder" in parts:  # the per-layer reports hold tensors: keep the totals
         results["decoder"]["costs"] = {k: {"seconds": v["seconds"]} for k, v in results["decoder"]["costs"].items()}
     path = write_json(args.output, results)
     print(f"wrote {path}")

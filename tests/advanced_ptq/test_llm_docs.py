@@ -6,7 +6,10 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import yaml
+
 from mqbench.advanced_ptq.weight_only import calibrate_weights
+from mqbench.app.config import parse_config
 from mqbench.models.decoder import held_out_perplexity
 from mqbench.prepare_by_platform import prepare_by_platform
 from mqbench.utils.state import enable_quantization
@@ -18,15 +21,23 @@ def test_the_guide_runs_deploys_and_verifies(capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("MQBENCH_CACHE", str(tmp_path / "cache"))
     blocks = re.findall(r"```python\n(.*?)```", DOC.read_text(), flags=re.S)
-    assert len(blocks) == 2
+    assert len(blocks) == 3
     namespace: dict = {"__name__": "llm_guide"}
     for block in blocks:
         exec(compile(block, str(DOC), "exec"), namespace)
     out = capsys.readouterr().out
-    assert "W4A16 GPTQ" in out and "FP8 E4M3: perplexity" in out
+    assert "W4A16 GPTQ" in out and "FP8 E4M3: perplexity" in out and "W4A16 rotation + GPTQ: perplexity" in out
     assert "['deploy_onnx', 'matmulnbits_onnx', 'onnx']" in out
     nearest = prepare_by_platform(namespace["model"], "llm_w4a16")
     calibrate_weights(nearest)
     enable_quantization(nearest)
     evaluation = namespace["evaluation"]
     assert held_out_perplexity(namespace["qmodel"], evaluation) < held_out_perplexity(nearest, evaluation)
+
+
+def test_the_guide_s_command_line_configuration_is_valid():
+    (block,) = re.findall(r"```yaml\n(.*?)```", DOC.read_text(), flags=re.S)
+    config = parse_config(yaml.safe_load(block), "llm_quantization.md")
+    quantize = config["quantize"]
+    assert (quantize["quantize_type"], quantize["algorithm"], quantize["rotation"]) == ("weight_only", "gptq", {})
+    assert config["model"]["task"] == "language_model"
