@@ -192,6 +192,7 @@ def test_mqbench_s_flat_qat_layout_loads_key_for_key():
     raw = yaml.safe_load(MQBENCH_LSQ)
     config = parse_config(raw, "resnet18-4bit-acedemic.yaml")
     expected = {"type": "resnet18", "kwargs": {}, "path": None, "tracer": None, "input_names": None, "output": None}
+    expected["task"] = "classification"  # filled in from model.type
     assert config["model"] == expected
     assert config["data"]["batch_size"] == 512
     training = config["training"]
