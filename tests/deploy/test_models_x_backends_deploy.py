@@ -109,7 +109,10 @@ def test_deploy_and_verify(name, backend, tmp_path):
     _check_host_verdicts(report, tolerance)
 
 
-REMEDY_CASES = [(b, n) for n in sorted(VISION_MODELS) for b in CPU_SERVED if b in LARGE.get(n, {b})]
+# The remedy is a property of each layer's integers (7-bit weights cannot saturate a pair sum), checked on every
+# zoo model but ResNet-50, whose layers are the kinds ResNet-18's and MobileNet's are (its 3x3 and 1x1 convolutions):
+# it would add 40 s and no kind of layer.
+REMEDY_CASES = [(b, n) for n in sorted(VISION_MODELS) for b in CPU_SERVED if n not in LARGE]
 
 
 @pytest.mark.parametrize(("backend", "name"), REMEDY_CASES)
