@@ -18,7 +18,8 @@ output's ``logits``.
 Models that bring their own data and metric (``model.task``, :mod:`mqbench.app.config`):
 
 * ``tiny_gpt`` (language_model): :func:`mqbench.models.decoder.trained_decoder`'s byte-level decoder (trained on
-  the first call, cached), with ``model.path`` a checkpoint of its architecture loaded into it. Its data: windows
+  the first call, cached; ``model.kwargs`` changes fields of its recipe, ``DecoderRecipe``: e.g. ``{depth: 1,
+  steps: 150}``), with ``model.path`` a checkpoint of its architecture loaded into it. Its data: windows
   of the standard library's source, 128 bytes of the training part for calibration (``cali_batchsize x
   batch_size`` of them, seed ``process.seed + 1``), 129 bytes of the held-out part for the perplexity
   (``data.max_eval`` of them, default 64, seed 1000; the model reads the first 128).
@@ -52,7 +53,7 @@ from __future__ import annotations
 import importlib
 import os
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -61,13 +62,14 @@ from torch import Tensor, nn
 
 from mqbench.app.config import ConfigError
 from mqbench.data import load_digits_split
-from mqbench.models.decoder import token_windows, trained_decoder
+from mqbench.models.decoder import DecoderRecipe, token_windows, trained_decoder
 from mqbench.models.zoo import VISION_MODELS, digits_rgb, zoo_model
 from mqbench.utils.logger import logger
 
 __all__ = [
     "IMAGE_SUFFIXES",
     "Data",
+    "decoder_recipe",
     "fit_channels",
     "load_checkpoint",
     "load_data",
@@ -202,10 +204,10 @@ def load_language_model(config: dict[str, Any]) -> tuple[nn.Module, str, Data]:
     docstring): calibration windows ``[cali_batchsize x batch_size, 128]`` as ``train``, held-out windows
     ``[max_eval, 129]`` as ``val``, no labels."""
     section = config["model"]
-    if section["kwargs"]:
-        raise ConfigError("model.kwargs: tiny_gpt is built by its own recipe and takes none")
-    model, train_bytes, held_bytes = trained_decoder()
-    described = "tiny_gpt (byte-level decoder trained on the standard library)"
+    recipe = decoder_recipe(section["kwargs"] or {})
+    model, train_bytes, held_bytes = trained_decoder(recipe)
+    changed = ", ".join(f"{key} {value}" for key, value in (section["kwargs"] or {}).items())
+    described = "tiny_gpt (byte-level decoder trained on the standard library" + (f"; {changed})" if changed else ")")
     if section["path"] is not None:
         load_checkpoint(model, section["path"])
         described = f"tiny_gpt with {section['path']}"
@@ -215,6 +217,31 @@ def load_language_model(config: dict[str, Any]) -> tuple[nn.Module, str, Data]:
     train = token_windows(train_bytes, context, calibration, config["process"]["seed"] + 1)
     val = token_windows(held_bytes, context + 1, evaluation, 1000)
     return model.eval(), described, Data(train, None, val, None, (), "standard library source (bytes)")
+
+
+def decoder_recipe(kwargs: dict[str, Any]) -> DecoderRecipe:
+    """``model.kwargs`` of ``tiny_gpt``: fields of :class:`~mqbench.models.decoder.DecoderRecipe` changed from its
+    defaults (a smaller or shorter-trained decoder, trained once and cached under its own key); a key it does not
+    have or a value of the wrong kind is a ConfigError."""
+    kinds = {field.name: float if field.type in (float, "float") else int for field in fields(DecoderRecipe)}
+    unknown = sorted(set(kwargs) - set(kinds))
+    if unknown:
+        raise ConfigError(
+            f"model.kwargs: tiny_gpt's recipe has no {', '.join(map(repr, unknown))}; its keys are "
+            f"{', '.join(kinds)} (mqbench.models.decoder.DecoderRecipe)"
+        )
+    values: dict[str, Any] = {}
+    for key, value in kwargs.items():
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if not number or value < 0 or (key != "seed" and value == 0) or (kinds[key] is int and value != int(value)):
+            wanted = "a positive number" if kinds[key] is float else "a positive integer"
+            wanted = "a non-negative integer" if key == "seed" else wanted
+            raise ConfigError(f"model.kwargs.{key}: tiny_gpt's recipe takes {wanted} here, got {value!r}")
+        values[key] = kinds[key](value)
+    recipe = replace(DecoderRecipe(), **values)
+    if recipe.dim % recipe.heads:
+        raise ConfigError(f"model.kwargs: dim {recipe.dim} is not a multiple of heads {recipe.heads}")
+    return recipe
 
 
 def _float32(model: nn.Module) -> nn.Module:
