@@ -16,7 +16,9 @@ Parts (``--parts``):
   naive, with SmoothQuant and with the Hadamard rotation; FP8 E4M3 (``tensorrt_fp8``). What reads calibration
   data runs on ``--draws`` draws (mean and spread); RTN reads none. One W4A16 GPTQ model is deployed and verified
   (both artifacts).
-* ``minilm``: W4A16 g128 RTN / GPTQ / AWQ (symmetric, the backend's), and asymmetric RTN / GPTQ with act_order.
+* ``minilm``: W4A16 g128 RTN / GPTQ / AWQ (symmetric, the backend's), and asymmetric RTN / GPTQ with act_order,
+  with min/max group ranges and with MSE-searched ones. The calibration docstrings come in padded batches of 16
+  (GPTQ and AWQ read their tokens, not the padding).
 * ``speed``: onnxruntime (2 threads, spinning off), MatMulNBits 4-bit g128 against a float32 MatMul, for one
   token (decode) and 128 tokens (prefill), at the decoder's widths and a 7B-class layer's (4096 x 4096, 4096 x
   11008); interleaved repeats, the median of per-repeat ratios. The decoder's file sizes: the 4-bit files
@@ -173,13 +175,23 @@ def run_minilm(args: argparse.Namespace) -> dict[str, Any]:
     reference = sentence_embeddings(model, held)
     example = {key: value[:2] for key, value in cali[0].items()}
     rows = {}
-    for algorithm in ("RTN", "GPTQ", "AWQ", "asymmetric RTN", "asymmetric GPTQ act_order"):
-        config: dict[str, Any] = {"capture": "export", "example_inputs": example}
+    mse = " MSE grid"  # group ranges searched for the least squared rounding error (MSEObserver), not min/max
+    for algorithm in (
+        "RTN",
+        "GPTQ",
+        "AWQ",
+        "asymmetric RTN",
+        "asymmetric GPTQ act_order",
+        f"asymmetric GPTQ act_order{mse}",
+    ):
+        config: dict[str, Any] = {"capture": "export", "example_inputs": example, "extra_qconfig_dict": {}}
         if algorithm.startswith("asymmetric "):
-            config["extra_qconfig_dict"] = {"w_qscheme": {"symmetry": False}}
+            config["extra_qconfig_dict"]["w_qscheme"] = {"symmetry": False}
+        if algorithm.endswith(mse):
+            config["extra_qconfig_dict"]["w_observer"] = "MSEObserver"
         qmodel = prepare_by_platform(model, "llm_w4a16", config)
         started = time.perf_counter()
-        _run(qmodel, algorithm.removeprefix("asymmetric "), cali)
+        _run(qmodel, algorithm.removeprefix("asymmetric ").removesuffix(mse), cali)
         seconds = time.perf_counter() - started
         agreement = embedding_agreement(reference, sentence_embeddings(qmodel, held))
         rows[algorithm] = {

@@ -2,7 +2,8 @@
 
 A layer here is a linear module of the prepared model (``nn.Linear`` or its QAT form) whose weight quantizer is
 enabled and on a linear grid (per channel, or in groups of input channels). Layers reading the same graph value
-(the query, key and value projections of one attention) form one *site*: they share their input statistics.
+(the query, key and value projections of one attention) form one *site*: they share their input statistics,
+which leave out the padding of token batches given with an ``attention_mask`` (:func:`collect_inputs`).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ __all__ = [
     "fix_qparams",
     "grid_qparams",
     "linear_sites",
+    "token_mask",
 ]
 
 
@@ -115,22 +117,43 @@ def collect_inputs(
     weights: bool = True,
 ) -> None:
     """Run ``model`` on every calibration batch with the weights quantized (``weights``) or float, calling
-    ``reduce(layer, rows)`` with each layer's input as rows ``[tokens, in_features]`` (float64)."""
+    ``reduce(layer, rows)`` with each layer's input as rows ``[tokens, in_features]`` (float64).
+
+    A batch given as a dict with an ``attention_mask`` ``[N, L]`` (padded token sequences, as a tokenizer returns
+    them) contributes only the rows of its tokens, not of its padding, to layers whose input is ``[N, L, in]``
+    (or ``[N * L, in]``): a padding position's values are computed but read by nothing the model returns.
+    """
     handles = []
+    tokens: list[Tensor | None] = [None]  # the current batch's token mask
+
+    def rows_of(x: Tensor) -> Tensor:
+        mask = tokens[0]
+        if mask is not None and tuple(x.shape[:-1]) in (tuple(mask.shape), (mask.numel(),)):
+            return x.reshape(-1, x.shape[-1])[mask.reshape(-1)]
+        return x.reshape(-1, x.shape[-1])
+
     for layer in layers:
 
         def hook(module: nn.Module, args: tuple[Any, ...], layer: Layer = layer) -> None:
-            x = args[0].detach()
-            reduce(layer, x.reshape(-1, x.shape[-1]).double())
+            reduce(layer, rows_of(args[0].detach()).double())
 
         handles.append(layer.module.register_forward_pre_hook(hook))
     try:
         with weights_quantized_only(model, weights), torch.no_grad():
             for batch in calibration_batches(cali_data):
+                tokens[0] = token_mask(batch)
                 call_with(model, batch)
     finally:
         for handle in handles:
             handle.remove()
+
+
+def token_mask(batch: Any) -> Tensor | None:
+    """The tokens (True) and the padding (False) of a dict batch with a 2-D ``attention_mask``; None otherwise."""
+    mask = batch.get("attention_mask") if isinstance(batch, Mapping) else None
+    if isinstance(mask, Tensor) and mask.dim() == 2 and not bool(mask.all()):
+        return mask != 0
+    return None
 
 
 def calibrate_weights(model: nn.Module) -> list[str]:
