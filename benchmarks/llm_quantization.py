@@ -17,8 +17,11 @@ Parts (``--parts``):
   data runs on ``--draws`` draws (mean and spread); RTN reads none. One W4A16 GPTQ model is deployed and verified
   (both artifacts).
 * ``minilm``: W4A16 g128 RTN / GPTQ / AWQ (symmetric, the backend's), and asymmetric RTN / GPTQ with act_order,
-  with min/max group ranges and with MSE-searched ones. The calibration docstrings come in padded batches of 16
-  (GPTQ and AWQ read their tokens, not the padding).
+  with min/max group ranges and with MSE-searched ones, and AWQ then GPTQ (asymmetric, MSE-searched). The
+  calibration docstrings come in padded batches of 16 (GPTQ and AWQ read their tokens, not the padding).
+* ``w8a8_loss`` (not run by default): where the decoder's W8A8 loss is: every quantizer, the softmax outputs
+  (attention probabilities) float, only they quantized, and each head's query/key and value/output projections
+  turned by a Hadamard matrix first (the same function).
 * ``speed``: onnxruntime (2 threads, spinning off), MatMulNBits 4-bit g128 against a float32 MatMul, for one
   token (decode) and 128 tokens (prefill), at the decoder's widths and a 7B-class layer's (4096 x 4096, 4096 x
   11008); interleaved repeats, the median of per-repeat ratios. The decoder's file sizes: the 4-bit files
@@ -34,6 +37,7 @@ Run: .venv/bin/python benchmarks/llm_quantization.py [--parts decoder,minilm,spe
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import statistics
 import tempfile
@@ -50,12 +54,14 @@ from onnx import TensorProto, helper, numpy_helper
 
 from _timing import RESULTS, interleaved_samples, paired_ratio, print_table, write_json
 from mqbench.advanced_ptq import awq, calibrate, gptq, hadamard_rotation
+from mqbench.advanced_ptq.rotation import hadamard_matrix
 from mqbench.advanced_ptq.weight_only import calibrate_weights
 from mqbench.backends import PTQRecipe
 from mqbench.convert_deploy import convert_deploy
 from mqbench.deploy.onnx_graph import ort_session
 from mqbench.deploy.verify import verify_deploy
 from mqbench.deploy.writers.matmulnbits import packed_nibbles
+from mqbench.fake_quantize.quantize_base import QuantizeBase
 from mqbench.models.decoder import held_out_perplexity, token_windows, trained_decoder
 from mqbench.prepare_by_platform import prepare_by_platform
 from mqbench.utils.host import describe_host
@@ -76,7 +82,11 @@ def _weight_only(model: torch.nn.Module, backend: str, bits: int, algorithm: str
 
 
 def _run(qmodel: Any, algorithm: str, cali: Any) -> Any:
-    """``qmodel`` after the algorithm (rounding to nearest: its weights calibrated), in quantization mode."""
+    """``qmodel`` after the algorithm (rounding to nearest: its weights calibrated), in quantization mode;
+    ``AWQ+...``: AWQ's scales and clipping first, then the rest on the scaled layers."""
+    if algorithm.startswith("AWQ+"):
+        awq(qmodel, cali)
+        algorithm = algorithm.removeprefix("AWQ+")
     if algorithm == "GPTQ":
         gptq(qmodel, cali)
     elif algorithm == "GPTQ act_order":
@@ -183,6 +193,7 @@ def run_minilm(args: argparse.Namespace) -> dict[str, Any]:
         "asymmetric RTN",
         "asymmetric GPTQ act_order",
         f"asymmetric GPTQ act_order{mse}",
+        f"asymmetric AWQ+GPTQ act_order{mse}",
     ):
         config: dict[str, Any] = {"capture": "export", "example_inputs": example, "extra_qconfig_dict": {}}
         if algorithm.startswith("asymmetric "):
@@ -201,6 +212,63 @@ def run_minilm(args: argparse.Namespace) -> dict[str, Any]:
             "seconds": seconds,
         }
         print(f"  MiniLM W4A16 g128 {algorithm}: {rows[algorithm]}", flush=True)
+    return rows
+
+
+def _softmax_quantizers(qmodel: torch.fx.GraphModule) -> set[str]:
+    """The quantizers of softmax outputs (the attention probabilities, the left operand of ``P @ V``)."""
+    return {
+        str(node.target)
+        for node in qmodel.graph.nodes
+        if node.op == "call_module"
+        and isinstance(qmodel.get_submodule(node.target), QuantizeBase)
+        and isinstance(node.args[0], torch.fx.Node)
+        and "softmax" in str(node.args[0].target)
+    }
+
+
+def _heads_rotated(model: Any, seed: int = 0) -> Any:
+    """A copy of the decoder with each head's query/key and value/output projections turned by one randomized
+    Hadamard matrix (``q' = H q``, ``k' = H k``: ``q'.k' = q.k``; ``v' = H v``, out's input columns by ``H^T``):
+    the same function, other values at the attention's matmul inputs."""
+    model = copy.deepcopy(model)
+    generator = torch.Generator().manual_seed(seed)
+    for block in model.blocks:
+        attention, d = block.attn, block.attn.head_dim
+        signs = torch.randint(0, 2, (d,), generator=generator).double() * 2 - 1
+        rotation = torch.block_diag(*[hadamard_matrix(d).double() / d**0.5 * signs] * attention.heads)
+        with torch.no_grad():
+            for layer in (attention.q, attention.k, attention.v):
+                layer.weight.copy_(rotation @ layer.weight.double())
+                layer.bias.copy_(rotation @ layer.bias.double())
+            attention.out.weight.copy_(attention.out.weight.double() @ rotation.T)
+    return model
+
+
+def run_w8a8_loss(args: argparse.Namespace) -> dict[str, Any]:
+    """Where the decoder's W8A8 loss is: the softmax probabilities' grid alone, everything else alone, and with
+    the heads rotated (calibration draws as in ``decoder``)."""
+    model, train, held = trained_decoder()
+    evaluation = token_windows(held, 129, 64, 1000)
+    draws = [token_windows(train, 128, args.calibration, seed) for seed in range(1, args.draws + 1)]
+    rows: dict[str, Any] = {}
+    cases = ("every quantizer", "softmax outputs float", "only softmax outputs quantized", "heads rotated")
+    for case in cases:
+        values = []
+        for windows in draws:
+            qmodel = prepare_by_platform(_heads_rotated(model) if case == "heads rotated" else model, "tensorrt_nlp")
+            calibrate(qmodel, list(windows.split(8)), smooth=False, recipe=PTQRecipe())
+            softmax = _softmax_quantizers(qmodel)
+            for name, module in qmodel.named_modules():
+                if isinstance(module, QuantizeBase) and (
+                    (case == "softmax outputs float" and name in softmax)
+                    or (case == "only softmax outputs quantized" and name not in softmax)
+                ):
+                    module.disable_fake_quant()
+            values.append(held_out_perplexity(qmodel, evaluation))
+        rows[case] = {"ppl": values}
+        print(f"  W8A8 {case}: {_spread(values)}", flush=True)
+    rows["float"] = {"ppl": [held_out_perplexity(model, evaluation)]}
     return rows
 
 
@@ -350,6 +418,8 @@ def main() -> None:
         )
     if "minilm" in parts:
         results["minilm"] = run_minilm(args)
+    if "w8a8_loss" in parts:
+        results["w8a8_loss"] = run_w8a8_loss(args)
     if "speed" in parts:
         results["speed"] = run_speed(args)
         print_table(
