@@ -49,12 +49,13 @@ from mqbench.advanced_ptq.weight_only import (
     fix_qparams,
     grid_qparams,
     linear_sites,
+    on_grid,
+    rtn,
 )
 from mqbench.fake_quantize.quantize_base import QuantizeBase
-from mqbench.functional import from_groups, to_groups
 from mqbench.utils.logger import logger
 
-__all__ = ["AWQ_DEFAULTS", "awq", "awq_scales", "rtn"]
+__all__ = ["AWQ_DEFAULTS", "awq", "awq_scales"]
 
 AWQ_DEFAULTS: Mapping[str, Any] = {
     "grid": 20,  # alpha candidates: 0, 1/grid, ..., (grid - 1)/grid
@@ -65,21 +66,6 @@ AWQ_DEFAULTS: Mapping[str, Any] = {
     "seed": 0,
     "layers": None,  # names of the linear layers to run on (default: every one with an enabled weight quantizer)
 }
-
-
-def rtn(quantizer: QuantizeBase, weight: Tensor) -> Tensor:
-    """Rounding to nearest of ``weight`` on ``quantizer``'s grid with the parameters its observer gives it."""
-    scale, zero = grid_qparams(quantizer, weight)
-    return _on_grid(quantizer, weight, scale, zero)
-
-
-def _on_grid(quantizer: QuantizeBase, weight: Tensor, scale: Tensor, zero: Tensor) -> Tensor:
-    """``weight`` fake-quantized with per-row (or per-group) parameters ``scale`` / ``zero``."""
-    size = quantizer.group_size
-    rows = to_groups(weight.float(), size) if size else weight.float().reshape(weight.shape[0], -1)
-    s, z = scale.reshape(-1, 1).float(), zero.reshape(-1, 1).float()
-    q = (torch.clamp(torch.round(rows / s) + z, quantizer.quant_min, quantizer.quant_max) - z) * s
-    return from_groups(q, weight.shape, size) if size else q.reshape(weight.shape)
 
 
 def _candidates(grid: int) -> list[float]:
@@ -112,7 +98,7 @@ def _clip_ratios(layer: Layer, weight: Tensor, x: Tensor, ratios: list[float]) -
     zero = torch.zeros(weight.shape[0] * groups)
     for ratio in ratios:
         s, z = grid_qparams(quantizer, _shrunk(weight, size, ratio))
-        delta = _on_grid(quantizer, weight, s, z) - weight
+        delta = on_grid(quantizer, weight, s, z) - weight
         errors = torch.stack(
             [
                 ((x[:, g * size : (g + 1) * size] @ delta[:, g * size : (g + 1) * size].T) ** 2).sum(0)

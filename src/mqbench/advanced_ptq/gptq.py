@@ -45,6 +45,7 @@ from mqbench.advanced_ptq.weight_only import (
     fix_qparams,
     grid_qparams,
     linear_sites,
+    rtn,
 )
 from mqbench.fake_quantize.quantize_base import QuantizeBase
 from mqbench.utils.logger import logger
@@ -168,7 +169,7 @@ def gptq(model: fx.GraphModule, cali_data: Any, config: Mapping[str, Any] | None
                 float(cfg["damp"]),
                 bool(cfg["act_order"]),
             )
-            nearest = _rtn(quantizer, weight)
+            nearest = rtn(quantizer, weight)
             with torch.no_grad():
                 layer.module.weight.copy_(rounded.to(layer.module.weight.dtype))
             fix_qparams(quantizer, scales.reshape(-1).float(), zeros.reshape(-1))
@@ -202,13 +203,3 @@ def _qparams_of(quantizer: QuantizeBase) -> QParams:
         return scale.reshape(columns.shape[0], -1)[:, 0], zero.reshape(columns.shape[0], -1)[:, 0]
 
     return qparams
-
-
-def _rtn(quantizer: QuantizeBase, weight: Tensor) -> Tensor:
-    """Rounding to nearest on the quantizer's own grid for ``weight`` (its observer's parameters)."""
-    scale, zero = grid_qparams(quantizer, weight)
-    twin_scale = scale.reshape(weight.shape[0], -1)
-    twin_zero = zero.reshape(weight.shape[0], -1)
-    size = quantizer.group_size or weight.shape[1]
-    index = torch.arange(weight.shape[1]) // size
-    return round_to_grid(weight, twin_scale[:, index], twin_zero[:, index], quantizer.quant_min, quantizer.quant_max)

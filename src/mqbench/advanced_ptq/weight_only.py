@@ -19,6 +19,7 @@ from torch import Tensor, fx, nn
 from mqbench.advanced_ptq.reconstruction import calibration_batches, call_with
 from mqbench.advanced_ptq.smoothing import fresh_copy
 from mqbench.fake_quantize.quantize_base import QuantizeBase
+from mqbench.functional import from_groups, to_groups
 from mqbench.utils.config import check_keys
 
 __all__ = [
@@ -30,6 +31,8 @@ __all__ = [
     "fix_qparams",
     "grid_qparams",
     "linear_sites",
+    "on_grid",
+    "rtn",
     "token_mask",
 ]
 
@@ -183,6 +186,21 @@ def grid_qparams(quantizer: QuantizeBase, weight: Tensor) -> tuple[Tensor, Tenso
         twin(weight.detach().float())
     scale, zero_point = twin.export_qparams()
     return scale.detach().clone(), zero_point.detach().clone()
+
+
+def rtn(quantizer: QuantizeBase, weight: Tensor) -> Tensor:
+    """Rounding to nearest of ``weight`` on ``quantizer``'s grid with the parameters its observer gives it."""
+    scale, zero = grid_qparams(quantizer, weight)
+    return on_grid(quantizer, weight, scale, zero)
+
+
+def on_grid(quantizer: QuantizeBase, weight: Tensor, scale: Tensor, zero: Tensor) -> Tensor:
+    """``weight`` fake-quantized (float32) with per-row (or per-group) parameters ``scale`` / ``zero``."""
+    size = quantizer.group_size
+    rows = to_groups(weight.float(), size) if size else weight.float().reshape(weight.shape[0], -1)
+    s, z = scale.reshape(-1, 1).float(), zero.reshape(-1, 1).float()
+    q = (torch.clamp(torch.round(rows / s) + z, quantizer.quant_min, quantizer.quant_max) - z) * s
+    return from_groups(q, weight.shape, size) if size else q.reshape(weight.shape)
 
 
 def fix_qparams(quantizer: QuantizeBase, scale: Tensor, zero_point: Tensor) -> None:

@@ -88,9 +88,10 @@ pre-norm transformer's residual stream (:func:`~mqbench.advanced_ptq.hadamard_ro
 
 Tasks (``model.task``): ``classification`` (top-1 accuracy on labelled validation samples); ``language_model``
 (``model.type: tiny_gpt``, :func:`mqbench.models.decoder.trained_decoder`'s byte-level decoder with its standard
-library corpus; ``model.kwargs`` changes its recipe's fields, e.g. ``{depth: 1, steps: 150}``: calibration on ``cali_batchsize x batch_size`` windows of 128 bytes of the training part, drawn with
-seed ``process.seed + 1``; the metric is the perplexity, lower is better, on ``max_eval`` (default 64) windows of
-129 bytes of the held-out part, drawn with seed 1000; deployment is verified on their first 128 bytes). It brings
+library corpus; ``model.kwargs`` changes its recipe's fields, e.g. ``{depth: 2, steps: 400}``: calibration on
+``cali_batchsize x batch_size`` windows of 128 bytes of the training part, drawn with seed ``process.seed + 1``;
+the metric is the perplexity, lower is better, on ``max_eval`` (default 64) windows of 129 bytes of the held-out
+part, drawn with seed 1000; deployment is verified on their first 128 bytes). It brings
 its own data: ``data.path`` and ``data.factory`` stay null, ``data.batch_size`` and ``data.max_eval`` apply, the
 image keys are not used; ``embedding`` (a sentence encoder, any model.type but the bundled tiny_gpt, with the
 data of ``data``; labels are not read): the output ``model.output`` selects (``[N, L, D]`` hidden states, e.g.

@@ -29,7 +29,15 @@ from mqbench.fake_quantize.quantize_base import QuantizeBase
 from mqbench.fake_quantize.role import role_of
 from mqbench.utils.state import disable_all, enable_quantization
 
-__all__ = ["layer_errors", "lsb_histogram", "render_html", "render_markdown", "sqnr_db"]
+__all__ = [
+    "format_percent",
+    "format_perplexity",
+    "layer_errors",
+    "lsb_histogram",
+    "render_html",
+    "render_markdown",
+    "sqnr_db",
+]
 
 
 def sqnr_db(reference: Tensor, quantized: Tensor) -> float:
@@ -240,7 +248,7 @@ def _mixed_rows(results: dict[str, Any]) -> tuple[str, list[list[str]], list[lis
             ", ".join(f"{k} {v:.4g}" for k, v in p["budget"].items()),
             "no" if not p["feasible"] else f"{p['size_bytes'] / 1e6:.3f}",
             "" if not p["feasible"] else f"{p['bitops']:.3g}",
-            _pct(p.get("accuracy")),
+            format_percent(p.get("accuracy")),
         ]
         for p in mixed.get("pareto", [])
     ]
@@ -257,11 +265,13 @@ def lsb_histogram(report: Any) -> dict[str, dict[str, int]]:
     return histograms
 
 
-def _pct(value: float | None) -> str:
+def format_percent(value: float | None) -> str:
+    """A fraction as a percentage with two decimals; "-" for none."""
     return "-" if value is None else f"{100 * value:.2f} %"
 
 
-def _ppl(value: float | None) -> str:
+def format_perplexity(value: float | None) -> str:
+    """A perplexity with four decimals; "-" for none."""
     return "-" if value is None else f"{value:.4f}"
 
 
@@ -296,14 +306,14 @@ def _metric_rows(results: dict[str, Any], short: bool = False) -> tuple[list[str
                 label,
                 _cosine(figures[key]["mean_cosine"]),
                 _cosine(figures[key]["min_cosine"]),
-                _pct(figures[key]["neighbour_agreement"]),
+                format_percent(figures[key]["neighbour_agreement"]),
             ]
             for key, label in labels.items()
         ]
     if "perplexity" in results:
-        figures, shown, header = results["perplexity"], _ppl, "held-out perplexity (lower is better)"
+        figures, shown, header = results["perplexity"], format_perplexity, "held-out perplexity (lower is better)"
     else:
-        figures, shown, header = results["accuracy"], _pct, "top-1 accuracy"
+        figures, shown, header = results["accuracy"], format_percent, "top-1 accuracy"
     artifact = figures.get("deployed_artifact") or "-"
     return [header], [
         ["float", shown(figures["float"])],
@@ -333,7 +343,7 @@ def render_markdown(results: dict[str, Any]) -> str:
     history = results.get("training", {}).get("history")
     if history:
         lines += ["## Training", "", "| epoch | mean loss | simulated accuracy |", "| --- | --- | --- |"]
-        lines += [f"| {h['epoch']} | {h['loss']:.4f} | {_pct(h['accuracy'])} |" for h in history]
+        lines += [f"| {h['epoch']} | {h['loss']:.4f} | {format_percent(h['accuracy'])} |" for h in history]
         lines.append("")
     errors = results.get("layer_errors") or []
     if errors:
@@ -417,7 +427,7 @@ def render_html(results: dict[str, Any]) -> str:
     ]
     history = results.get("training", {}).get("history") or []
     if history:
-        rows = [[str(h["epoch"]), f"{h['loss']:.4f}", _pct(h["accuracy"])] for h in history]
+        rows = [[str(h["epoch"]), f"{h['loss']:.4f}", format_percent(h["accuracy"])] for h in history]
         parts += ["<h2>Training</h2>", _table(["epoch", "mean loss", "simulated accuracy"], rows)]
         parts.append(image("training", "training loss and accuracy per epoch"))
     errors = results.get("layer_errors") or []

@@ -45,7 +45,14 @@ from mqbench.app.check import DeployCheck, deployed_runner
 from mqbench.app.config import ConfigError, load_config
 from mqbench.app.distributed import Processes
 from mqbench.app.folder import OutputError, RunFolder, describe_os_error, previous_status
-from mqbench.app.report import layer_errors, lsb_histogram, render_html, render_markdown
+from mqbench.app.report import (
+    format_percent,
+    format_perplexity,
+    layer_errors,
+    lsb_histogram,
+    render_html,
+    render_markdown,
+)
 from mqbench.app.sources import Data, fit_channels, load_data, load_language_model, load_model
 from mqbench.backends import BackendSpec, resolve_backend
 from mqbench.convert_deploy import convert_deploy
@@ -560,12 +567,7 @@ def describe_results(results: dict[str, Any]) -> str:
     acc = results["accuracy"]
     verdict = "passed" if results["verify"]["passed"] else "FAILED"
 
-    def pct(value: float | None) -> str:
-        return "-" if value is None else f"{100 * value:.2f} %"
-
-    def ppl(value: float | None) -> str:
-        return "-" if value is None else f"{value:.4f}"
-
+    pct, ppl = format_percent, format_perplexity
     if "embedding" in results:
         e = results["embedding"]
 
