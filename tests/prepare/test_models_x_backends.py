@@ -56,8 +56,13 @@ def calibrated(name: str, backend: str) -> tuple[nn.Module, torch.fx.GraphModule
     return zoo.model, prepared
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("name", VISION_MODELS)
+# ResNet-50, the zoo's largest model, on the three backends of different kinds the deploy matrix runs it on; every
+# backend runs ResNet-18, whose blocks ResNet-50's are made of, and the other models.
+LARGE = {"resnet50": {"tensorrt", "openvino", "snpe"}}
+CASES = [(n, b) for n in VISION_MODELS for b in BACKENDS if b in LARGE.get(n, {b})]
+
+
+@pytest.mark.parametrize(("name", "backend"), CASES)
 def test_ptq_simulation(name, backend):
     zoo = zoo_model(name)
     model, prepared = calibrated(name, backend)
@@ -80,13 +85,7 @@ def test_ptq_simulation(name, backend):
     assert centered_cosine(reference, quantized) > fidelity_floor(backend)
 
 
-# QAT of ResNet-50, the zoo's largest model (5 s a backend), on the three backends of different kinds the deploy matrix
-# runs it on; every backend trains ResNet-18, whose blocks ResNet-50's are made of, and the other models.
-LARGE = {"resnet50": {"tensorrt", "openvino", "snpe"}}
-QAT_CASES = [(n, b) for n in VISION_MODELS for b in BACKENDS if b in LARGE.get(n, {b})]
-
-
-@pytest.mark.parametrize(("name", "backend"), QAT_CASES)
+@pytest.mark.parametrize(("name", "backend"), CASES)  # QAT of ResNet-50: 5 s a backend
 def test_qat_loss_falls(name, backend):
     """QAT starts from the float model (BatchNorm kept and folded while training) and fits a fixed batch."""
     zoo = zoo_model(name)

@@ -88,7 +88,7 @@ pre-norm transformer's residual stream (:func:`~mqbench.advanced_ptq.hadamard_ro
 
 Tasks (``model.task``): ``classification`` (top-1 accuracy on labelled validation samples); ``language_model``
 (``model.type: tiny_gpt``, :func:`mqbench.models.decoder.trained_decoder`'s byte-level decoder with its standard
-library corpus; ``model.kwargs`` changes its recipe's fields, e.g. ``{depth: 2, steps: 400}``: calibration on
+library corpus; ``model.kwargs`` changes its recipe's fields, e.g. ``{depth: 2, steps: 250}``: calibration on
 ``cali_batchsize x batch_size`` windows of 128 bytes of the training part, drawn with seed ``process.seed + 1``;
 the metric is the perplexity, lower is better, on ``max_eval`` (default 64) windows of 129 bytes of the held-out
 part, drawn with seed 1000; deployment is verified on their first 128 bytes). It brings
