@@ -126,7 +126,15 @@ def test_tiny_gpt_s_kwargs_change_its_recipe_and_bad_ones_are_usage_errors():
         ConfigError, match=r"^model\.kwargs: tiny_gpt's recipe has no 'layers'; its keys are dim, depth"
     ):
         decoder_recipe({"layers": 2})
-    for bad in ({"steps": 1.5}, {"depth": 0}, {"dim": True}, {"lr": "fast"}, {"seed": -1}):
+    for bad in (
+        {"steps": 1.5},
+        {"depth": 0},
+        {"dim": True},
+        {"lr": "fast"},
+        {"seed": -1},
+        {"steps": float("inf")},
+        {"lr": float("nan")},
+    ):
         with pytest.raises(
             ConfigError, match=rf"^model\.kwargs\.{next(iter(bad))}: tiny_gpt's recipe takes a (positive|non-negative) "
         ):

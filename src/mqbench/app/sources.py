@@ -18,8 +18,8 @@ output's ``logits``.
 Models that bring their own data and metric (``model.task``, :mod:`mqbench.app.config`):
 
 * ``tiny_gpt`` (language_model): :func:`mqbench.models.decoder.trained_decoder`'s byte-level decoder (trained on
-  the first call, cached; ``model.kwargs`` changes fields of its recipe, ``DecoderRecipe``: e.g. ``{depth: 1,
-  steps: 150}``), with ``model.path`` a checkpoint of its architecture loaded into it. Its data: windows
+  the first call, cached; ``model.kwargs`` changes fields of its recipe, ``DecoderRecipe``: e.g. ``{depth: 2,
+  steps: 250}``), with ``model.path`` a checkpoint of its architecture loaded into it. Its data: windows
   of the standard library's source, 128 bytes of the training part for calibration (``cali_batchsize x
   batch_size`` of them, seed ``process.seed + 1``), 129 bytes of the held-out part for the perplexity
   (``data.max_eval`` of them, default 64, seed 1000; the model reads the first 128).
@@ -51,6 +51,7 @@ Example:
 from __future__ import annotations
 
 import importlib
+import math
 import os
 import sys
 from dataclasses import dataclass, fields, replace
@@ -232,7 +233,7 @@ def decoder_recipe(kwargs: dict[str, Any]) -> DecoderRecipe:
         )
     values: dict[str, Any] = {}
     for key, value in kwargs.items():
-        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        number = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
         if not number or value < 0 or (key != "seed" and value == 0) or (kinds[key] is int and value != int(value)):
             wanted = "a positive number" if kinds[key] is float else "a positive integer"
             wanted = "a non-negative integer" if key == "seed" else wanted
