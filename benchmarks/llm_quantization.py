@@ -54,7 +54,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from _timing import RESULTS, interleaved_samples, paired_ratio, print_table, write_json
 from mqbench.advanced_ptq import awq, calibrate, gptq, hadamard_rotation
-from mqbench.advanced_ptq.rotation import hadamard_matrix
+from mqbench.advanced_ptq.rotation import orthogonal_matrix
 from mqbench.advanced_ptq.weight_only import calibrate_weights
 from mqbench.backends import PTQRecipe
 from mqbench.convert_deploy import convert_deploy
@@ -229,14 +229,12 @@ def _softmax_quantizers(qmodel: torch.fx.GraphModule) -> set[str]:
 
 def _heads_rotated(model: Any, seed: int = 0) -> Any:
     """A copy of the decoder with each head's query/key and value/output projections turned by one randomized
-    Hadamard matrix (``q' = H q``, ``k' = H k``: ``q'.k' = q.k``; ``v' = H v``, out's input columns by ``H^T``):
-    the same function, other values at the attention's matmul inputs."""
+    Hadamard matrix per block (``orthogonal_matrix``; ``q' = H q``, ``k' = H k``: ``q'.k' = q.k``; ``v' = H v``,
+    out's input columns by ``H^T``): the same function, other values at the attention's matmul inputs."""
     model = copy.deepcopy(model)
-    generator = torch.Generator().manual_seed(seed)
-    for block in model.blocks:
-        attention, d = block.attn, block.attn.head_dim
-        signs = torch.randint(0, 2, (d,), generator=generator).double() * 2 - 1
-        rotation = torch.block_diag(*[hadamard_matrix(d).double() / d**0.5 * signs] * attention.heads)
+    for index, block in enumerate(model.blocks):
+        attention = block.attn
+        rotation = torch.block_diag(*[orthogonal_matrix(attention.head_dim, seed=seed + index)] * attention.heads)
         with torch.no_grad():
             for layer in (attention.q, attention.k, attention.v):
                 layer.weight.copy_(rotation @ layer.weight.double())
