@@ -170,3 +170,19 @@ def test_restoring_smoothing_for_a_quantizer_the_model_lacks_is_refused():
     qmodel = prepare_by_platform(NormThenTwoLinears().eval(), "academic_nlp", ACADEMIC_W8A8)
     with pytest.raises(ValueError, match="activation quantizer 'no_such_quantizer', which this model does not have"):
         restore_smoothing(qmodel, {"no_such_quantizer_smoothing.scale": torch.ones(16)})
+
+
+def test_calibrating_again_after_a_change_gives_the_ranges_of_a_fresh_calibration():
+    """A calibrated model calibrated again with smoothing (as after a rotation, which calibrates) quantizes with the
+    ranges of the smoothed model only, as if it were calibrated once: the first ranges (of the outlier channels
+    smoothing removes) are forgotten."""
+    model, data = NormThenTwoLinears(), outlier_batches()
+    again = calibrate(prepare_by_platform(model, "academic_nlp", ACADEMIC_W8A8), data, smooth=False)
+    calibrate(again, data, smooth=True)
+    once = calibrate(prepare_by_platform(model, "academic_nlp", ACADEMIC_W8A8), data, smooth=True)
+    scales = {name: buffer for name, buffer in once.state_dict().items() if name.endswith(("scale", "zero_point"))}
+    assert len(scales) >= 6
+    for name, expected in scales.items():
+        torch.testing.assert_close(again.state_dict()[name], expected, rtol=0, atol=0, msg=name)
+    with torch.no_grad():
+        torch.testing.assert_close(again(data[0]), once(data[0]), rtol=0, atol=0)

@@ -39,7 +39,12 @@ from mqbench.fake_quantize.role import role_of
 from mqbench.observer import ObserverDict
 from mqbench.observer.base import ObserverBase
 from mqbench.utils.logger import logger
-from mqbench.utils.state import enable_calibration_woquantization, enable_quantization, quantizers
+from mqbench.utils.state import (
+    enable_calibration_woquantization,
+    enable_quantization,
+    quantizers,
+    reset_observers,
+)
 
 __all__ = ["calibrate", "put_back_observers", "recipe_of", "use_activation_observer"]
 
@@ -121,7 +126,8 @@ def calibrate(
     """MQBench's calibration before reconstruction, with the backend's recipe; returns ``model`` in quantization mode.
 
     The activation quantizers observe every batch while nothing is quantized, then the weight
-    quantizers observe the weights (one batch runs them), then every quantizer quantizes.
+    quantizers observe the weights (one batch runs them), then every quantizer quantizes. What the
+    observers saw before is forgotten: calibrating again replaces the ranges.
     ``recipe``: what to do around that (None: the recipe of the backend the model was prepared
     for, its spec's ``ptq_recipe``; ``PTQRecipe()``: plain calibration): the activation observer,
     cross-layer equalization before, bias correction after. By default a model with LayerNorm is
@@ -149,6 +155,7 @@ def calibrate(
         cross_layer_equalization(model)
     if smooth:
         smooth_quant(model, batches)
+    reset_observers(model)  # a model calibrated before (then rotated, smoothed, ...) gets the ranges of now
     enable_calibration_woquantization(model, quantizer_type="act_fake_quant")
     for batch in batches:
         call_with(model, batch)

@@ -41,6 +41,7 @@ __all__ = [
     "integer_quantizers",
     "is_quantizer",
     "quantizers",
+    "reset_observers",
     "uncalibrated_quantizers",
 ]
 
@@ -82,6 +83,15 @@ def quantizers(model: nn.Module) -> Iterator[tuple[str, Quantizer]]:
             quantizer = cast(Quantizer, module)
             quantizer.name = name
             yield name, quantizer
+
+
+def reset_observers(model: nn.Module) -> None:
+    """Every quantizer's observer forgets what it has seen: the next tensor it observes starts its statistics (a
+    model calibrated again, after its weights or inputs changed, gets ranges of the new values only)."""
+    for _, quantizer in quantizers(model):
+        count = getattr(quantizer.activation_post_process, "num_batches", None)
+        if isinstance(count, Tensor):
+            count.zero_()
 
 
 def uncalibrated_quantizers(model: nn.Module) -> list[str]:
