@@ -19,6 +19,9 @@ Parts (``--parts``):
 * ``minilm``: W4A16 g128 RTN / GPTQ / AWQ (symmetric, the backend's), and asymmetric RTN / GPTQ with act_order,
   with min/max group ranges and with MSE-searched ones, and AWQ then GPTQ (asymmetric, MSE-searched). The
   calibration docstrings come in padded batches of 16 (GPTQ and AWQ read their tokens, not the padding).
+* ``minilm_w8a8``: W8A8 (``tensorrt_nlp``) naive, with SmoothQuant, with the MLPs' down-projection inputs
+  Hadamard-rotated (``residual: False``: MiniLM is post-norm), and both, on ``--draws`` calibration draws of
+  ``4 x --calibration`` docstrings.
 * ``w8a8_loss`` (not run by default): where the decoder's W8A8 loss is: every quantizer, the softmax outputs
   (attention probabilities) float, only they quantized, and each head's query/key and value/output projections
   turned by a Hadamard matrix first (the same function).
@@ -31,7 +34,8 @@ Parts (``--parts``):
 
 Prints the tables and writes benchmarks/results/<output>.json (``--merge``: keeping the parts not run from the
 file already there, e.g. timings rerun on a quiet machine; ``args`` records each run's arguments by its parts).
-Run: .venv/bin/python benchmarks/llm_quantization.py [--parts decoder,minilm,speed,cost] [--draws 3] [--merge]
+Run: .venv/bin/python benchmarks/llm_quantization.py [--parts decoder,minilm,minilm_w8a8,speed,cost] [--draws 3]
+[--merge]
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import random
 import statistics
 import tempfile
 import time
@@ -63,6 +68,13 @@ from mqbench.deploy.verify import verify_deploy
 from mqbench.deploy.writers.matmulnbits import packed_nibbles
 from mqbench.fake_quantize.quantize_base import QuantizeBase
 from mqbench.models.decoder import held_out_perplexity, token_windows, trained_decoder
+from mqbench.models.sentence_embedding import (
+    embedding_agreement,
+    load_minilm,
+    sentence_embeddings,
+    stdlib_docstrings,
+    tokenized_batches,
+)
 from mqbench.prepare_by_platform import prepare_by_platform
 from mqbench.utils.host import describe_host
 from mqbench.utils.state import enable_quantization
@@ -169,20 +181,27 @@ def _weight_bytes(result: Any, key: str) -> int:
     )
 
 
-def run_minilm(args: argparse.Namespace) -> dict[str, Any]:
-    from mqbench.models.sentence_embedding import (
-        embedding_agreement,
-        load_minilm,
-        sentence_embeddings,
-        stdlib_docstrings,
-        tokenized_batches,
-    )
-
+def _minilm() -> tuple[Any, Any, list[str], list[dict[str, torch.Tensor]], torch.Tensor]:
+    """MiniLM, its tokenizer, the calibration docstrings (every fifth), the held-out batches and their float
+    embeddings."""
     model, tokenizer = load_minilm()
     texts = stdlib_docstrings()
-    cali = tokenized_batches(tokenizer, texts[::5][: args.calibration * 4], 16)
     held = tokenized_batches(tokenizer, [t for i, t in enumerate(texts) if i % 5], 32)
-    reference = sentence_embeddings(model, held)
+    return model, tokenizer, texts[::5], held, sentence_embeddings(model, held)
+
+
+def _agreement(reference: torch.Tensor, qmodel: Any, held: list[dict[str, torch.Tensor]]) -> dict[str, float]:
+    agreement = embedding_agreement(reference, sentence_embeddings(qmodel, held))
+    return {
+        "mean_cosine": agreement.mean_cosine,
+        "min_cosine": agreement.min_cosine,
+        "neighbours": agreement.neighbour_agreement,
+    }
+
+
+def run_minilm(args: argparse.Namespace) -> dict[str, Any]:
+    model, tokenizer, train, held, reference = _minilm()
+    cali = tokenized_batches(tokenizer, train[: args.calibration * 4], 16)
     example = {key: value[:2] for key, value in cali[0].items()}
     rows = {}
     mse = " MSE grid"  # group ranges searched for the least squared rounding error (MSEObserver), not min/max
@@ -204,14 +223,29 @@ def run_minilm(args: argparse.Namespace) -> dict[str, Any]:
         started = time.perf_counter()
         _run(qmodel, algorithm.removeprefix("asymmetric ").removesuffix(mse), cali)
         seconds = time.perf_counter() - started
-        agreement = embedding_agreement(reference, sentence_embeddings(qmodel, held))
-        rows[algorithm] = {
-            "mean_cosine": agreement.mean_cosine,
-            "min_cosine": agreement.min_cosine,
-            "neighbours": agreement.neighbour_agreement,
-            "seconds": seconds,
-        }
+        rows[algorithm] = {**_agreement(reference, qmodel, held), "seconds": seconds}
         print(f"  MiniLM W4A16 g128 {algorithm}: {rows[algorithm]}", flush=True)
+    return rows
+
+
+def run_minilm_w8a8(args: argparse.Namespace) -> dict[str, Any]:
+    """MiniLM W8A8 (``tensorrt_nlp``) naive, with SmoothQuant, with its MLPs' down-projection inputs rotated
+    (``hadamard_rotation`` with ``residual: False``: MiniLM is post-norm), and both; draw ``d`` calibrates on
+    ``4 * calibration`` training docstrings sampled with seed ``d``."""
+    model, tokenizer, train, held, reference = _minilm()
+    methods = ("naive", "SmoothQuant", "FFN rotation", "FFN rotation + SmoothQuant")
+    rows: dict[str, Any] = {method: {"mean_cosine": [], "min_cosine": [], "neighbours": []} for method in methods}
+    for draw in range(1, args.draws + 1):
+        cali = tokenized_batches(tokenizer, random.Random(draw).sample(train, args.calibration * 4), 16)
+        example = {key: value[:2] for key, value in cali[0].items()}
+        for method in methods:
+            qmodel = prepare_by_platform(model, "tensorrt_nlp", {"capture": "export", "example_inputs": example})
+            if "rotation" in method:
+                hadamard_rotation(qmodel, cali, {"residual": False})
+            calibrate(qmodel, cali, smooth="SmoothQuant" in method, recipe=PTQRecipe())
+            for key, value in _agreement(reference, qmodel, held).items():
+                rows[method][key].append(value)
+            print(f"  MiniLM W8A8 {method} draw {draw}: mean cosine {rows[method]['mean_cosine'][-1]:.5f}", flush=True)
     return rows
 
 
@@ -372,15 +406,15 @@ def run_cost(args: argparse.Namespace, decoder: dict[str, Any] | None) -> dict[s
     return {"ratio_to_forward": out, "forward_ms": {k: 1000 * v for k, v in forward.items()}, "seconds": seconds}
 
 
-def _spread(values: list[float]) -> str:
+def _spread(values: list[float], digits: int = 4) -> str:
     if len(values) == 1:
-        return f"{values[0]:.4f}"
-    return f"{statistics.mean(values):.4f} +- {statistics.stdev(values):.4f}"
+        return f"{values[0]:.{digits}f}"
+    return f"{statistics.mean(values):.{digits}f} +- {statistics.stdev(values):.{digits}f}"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--parts", default="decoder,minilm,speed,cost")
+    parser.add_argument("--parts", default="decoder,minilm,minilm_w8a8,speed,cost")
     parser.add_argument("--draws", type=int, default=3)
     parser.add_argument("--calibration", type=int, default=32, help="calibration windows (decoder) / 4x sentences")
     parser.add_argument("--repeats", type=int, default=30)
@@ -416,6 +450,21 @@ def main() -> None:
         )
     if "minilm" in parts:
         results["minilm"] = run_minilm(args)
+    if "minilm_w8a8" in parts:
+        results["minilm_w8a8"] = run_minilm_w8a8(args)
+        print_table(
+            ["MiniLM W8A8 tensorrt_nlp", "mean cosine", "min cosine", "neighbours", "draws"],
+            [
+                [
+                    method,
+                    _spread(row["mean_cosine"], 5),
+                    _spread(row["min_cosine"]),
+                    _spread(row["neighbours"]),
+                    len(row["mean_cosine"]),
+                ]
+                for method, row in results["minilm_w8a8"].items()
+            ],
+        )
     if "w8a8_loss" in parts:
         results["w8a8_loss"] = run_w8a8_loss(args)
     if "speed" in parts:

@@ -1,6 +1,7 @@
 """hadamard_rotation: the matrices are orthogonal, the rotated model computes the float model's function with the
 stream rotated by exactly that matrix, a norm-scale outlier stops costing activation precision, the rotated model
-deploys and verifies, and models it cannot rotate are refused naming why."""
+deploys and verifies, a post-norm encoder's MLPs alone are rotated on request, and models it cannot rotate are
+refused naming why."""
 
 from __future__ import annotations
 
@@ -8,11 +9,12 @@ import warnings
 
 import pytest
 import torch
+import torch.nn.functional as F
 from tests.backend_configs import host_config
 from torch import nn
 
 from mqbench.advanced_ptq import ROTATION_DEFAULTS, calibrate, gptq, hadamard_rotation
-from mqbench.advanced_ptq.rotation import hadamard_matrix, orthogonal_matrix
+from mqbench.advanced_ptq.rotation import hadamard_matrix, mlp_down_projections, orthogonal_matrix
 from mqbench.backends import PTQRecipe
 from mqbench.convert_deploy import convert_deploy
 from mqbench.deploy.verify import verify_deploy
@@ -76,7 +78,7 @@ def test_the_rotated_model_computes_the_float_function_on_a_rotated_stream(backe
     qmodel = hadamard_rotation(prepare_by_platform(model, backend), [_ids(2)], {"ffn": ffn})
     report = qmodel.meta["rotation"]["streams"][0]
     assert report["dim"] == DIM and len(report["norms"]) == 2 * DEPTH + 1
-    assert len(report["online"]) == (DEPTH if ffn else 0)
+    assert qmodel.meta["rotation"]["online"] == ([f"blocks.{i}.proj" for i in range(DEPTH)] if ffn else [])
     assert sum(isinstance(m, nn.RMSNorm) for m in qmodel.modules()) == 2 * DEPTH + 1
     qmodel.get_submodule("blocks.1.norm2").register_forward_pre_hook(keep("rotated"))
     disable_all(qmodel)
@@ -137,14 +139,72 @@ def test_a_rotated_decoder_deploys_and_verifies(backend, tmp_path):
         assert set(report.artifacts) >= {"onnx", "matmulnbits_onnx"}
 
 
+def test_a_post_norm_encoder_rotates_only_its_mlp_down_projection_inputs():
+    """``residual: False`` on a BERT-style encoder: each FFN's second Linear reads ``gelu(fc1 x) @ H`` (H the seeded
+    Hadamard matrix) with its weight times H, so the model computes the float function."""
+    torch.manual_seed(0)
+    encoder = bert_tiny(dim=32, depth=2, heads=2).eval()
+    ids = torch.randint(0, 1000, (2, 8), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(ids)
+    hidden: dict[str, list[torch.Tensor]] = {"float": [], "rotated": []}
+
+    def keep(which: str):
+        return lambda module, args: hidden[which].append(args[0].detach().double())
+
+    encoder.layers[1].ffn[2].register_forward_pre_hook(keep("float"))
+    with torch.no_grad():
+        expected = encoder(ids, mask)
+    qmodel = prepare_by_platform(encoder, "tensorrt_nlp")
+    hadamard_rotation(qmodel, [(ids, mask)], {"residual": False, "seed": 4})
+    assert qmodel.meta["rotation"]["streams"] == []
+    assert qmodel.meta["rotation"]["online"] == ["layers.0.ffn.2", "layers.1.ffn.2"]
+    assert sum(isinstance(m, nn.LayerNorm) for m in qmodel.modules()) == 5  # the norms are left as they are
+    qmodel.get_submodule("layers.1.ffn.2").register_forward_pre_hook(keep("rotated"))
+    disable_all(qmodel)
+    with torch.no_grad():
+        got = qmodel(ids, mask)
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
+    H = orthogonal_matrix(4 * 32, "hadamard", seed=5)  # the online matrices are drawn with seed + 1
+    torch.testing.assert_close(hidden["rotated"][0], hidden["float"][0] @ H, rtol=1e-4, atol=1e-5)
+
+
+class _Shapes(nn.Module):
+    """A gated MLP, a plain Linear pair, a classifier on a tanh pooler, and one Linear called twice."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate, self.up, self.down = nn.Linear(8, 16), nn.Linear(8, 16), nn.Linear(16, 8)
+        self.a, self.b = nn.Linear(8, 16), nn.Linear(16, 8)
+        self.pooler, self.classifier = nn.Linear(8, 8), nn.Linear(8, 3)
+        self.fc, self.twice = nn.Linear(8, 16), nn.Linear(16, 16)
+
+    def forward(self, x):
+        y = self.down(F.silu(self.gate(x)) * self.up(x))  # found: Llama's MLP
+        y = self.b(self.a(y))  # no activation between them: not an MLP
+        logits = self.classifier(torch.tanh(self.pooler(y)))  # writes 3, not the 8 its pooler reads
+        h = self.twice(torch.relu(self.fc(y)))
+        return logits, self.twice(h)  # called twice: one rotated weight would serve two inputs
+
+
+def test_the_mlp_down_projections_are_found_by_their_shape():
+    qmodel = prepare_by_platform(_Shapes().eval(), "tensorrt_nlp")
+    assert list(mlp_down_projections(qmodel)) == ["down"]
+
+
 def test_post_norm_encoders_and_models_without_norms_are_refused():
     encoder = bert_tiny().eval()
     ids = torch.randint(0, 100, (2, 8))
     qmodel = prepare_by_platform(encoder, "tensorrt_nlp")
-    with pytest.raises(ValueError, match=r"cannot rotate this model: .*post-norm"):
+    with pytest.raises(ValueError, match=r"cannot rotate this model: .*post-norm.*'residual': False"):
         hadamard_rotation(qmodel, [(ids, torch.ones_like(ids))])
     plain = prepare_by_platform(nn.Sequential(nn.Linear(4, 4), nn.ReLU()).eval(), "tensorrt_nlp")
     with pytest.raises(ValueError, match="no LayerNorm or RMSNorm"):
         hadamard_rotation(plain, [torch.randn(2, 4)])
+    with pytest.raises(ValueError, match="down projections' inputs are rotated, and none was found"):
+        hadamard_rotation(plain, [torch.randn(2, 4)], {"residual": False})
+    with pytest.raises(ValueError, match="residual and ffn are both False"):
+        hadamard_rotation(plain, [torch.randn(2, 4)], {"residual": False, "ffn": False})
+    with pytest.raises(ValueError, match="residual must be true or false, got 'no'"):
+        hadamard_rotation(plain, [torch.randn(2, 4)], {"residual": "no"})
     with pytest.raises(ValueError, match=r"unknown.*ffn"):
         hadamard_rotation(prepare_by_platform(_decoder(), "tensorrt_nlp"), [_ids(1)], {"online": True})

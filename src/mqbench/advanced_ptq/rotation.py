@@ -22,6 +22,9 @@ What is done, in float64, to a model from ``prepare_by_platform``:
 
 Post-norm models (BERT, all-MiniLM-L6-v2) read their stream elsewhere than through norms and keep the norm's
 scale inside the stream: no rotation folds there, and they are refused with the value that breaks the pattern.
+``residual: False`` rotates only the MLPs' down-projection inputs (step 3), an exact rewrite of those layers that
+any transformer allows: a post-norm model's FFN activations (GELU outputs, with BERT's outlier channels) are the
+inputs it flattens. :func:`mlp_down_projections` finds those layers.
 
 ``hadamard_rotation(model, cali_data, config)``; config keys in :data:`ROTATION_DEFAULTS`.
 ``model.meta["rotation"]`` records the layers changed.
@@ -60,19 +63,41 @@ from mqbench.nn.modules.rms_norm import RMSNorm
 from mqbench.utils.logger import logger
 from mqbench.utils.state import is_quantizer
 
-__all__ = ["ROTATION_DEFAULTS", "hadamard_matrix", "hadamard_rotation", "orthogonal_matrix", "residual_streams"]
+__all__ = [
+    "ROTATION_DEFAULTS",
+    "hadamard_matrix",
+    "hadamard_rotation",
+    "mlp_down_projections",
+    "orthogonal_matrix",
+    "residual_streams",
+]
 
 ROTATION_DEFAULTS: Mapping[str, Any] = {
     "rotation": "hadamard",  # "hadamard" (randomized: random signs times a Hadamard matrix) or "random" orthogonal
     "seed": 0,  # the random signs / the random orthogonal matrix
-    "ffn": True,  # also rotate each MLP down projection's input by a Hadamard matrix (online)
+    "residual": True,  # rotate the residual stream (pre-norm transformers); False: only the MLPs' online rotation
+    "ffn": True,  # rotate each MLP down projection's input by a Hadamard matrix (online)
 }
 
 _ADDS = {operator.add, torch.add}
 _SHAPE_METHODS = {"size", "dim"}
-_ELEMENTWISE_FUNCTIONS = {F.gelu, F.relu, F.silu, torch.sigmoid, torch.tanh, torch.relu, operator.mul, torch.mul}
-_ELEMENTWISE_METHODS = {"mul", "sigmoid", "tanh", "relu"}
-_ELEMENTWISE_MODULES = (nn.GELU, nn.ReLU, nn.SiLU, nn.Sigmoid, nn.Tanh, nn.Dropout, nn.Identity)
+# an MLP's hidden values: activation functions and a gate's product (one at least), arithmetic with constants
+_ACTIVATION_FUNCTIONS = {
+    *(F.gelu, F.relu, F.relu6, F.leaky_relu, F.silu, F.mish, F.hardswish, F.elu, F.selu),
+    *(torch.sigmoid, torch.tanh, torch.relu, operator.mul, torch.mul),
+}
+_ACTIVATION_METHODS = {"mul", "sigmoid", "tanh", "relu"}
+_ACTIVATION_MODULES: tuple[type[nn.Module], ...] = (
+    *(nn.GELU, nn.ReLU, nn.ReLU6, nn.LeakyReLU, nn.SiLU, nn.Mish, nn.Hardswish, nn.ELU, nn.SELU),
+    *(nn.Sigmoid, nn.Tanh),
+)
+_ARITHMETIC = {operator.add, torch.add, operator.pow, torch.pow, operator.truediv, torch.div, operator.sub}
+_PASSING_MODULES = (nn.Dropout, nn.Identity)
+_POST_NORM = (
+    "a post-norm model (BERT, MiniLM) keeps LayerNorm's scale inside its residual stream, which no rotation folds "
+    "into the weights; the stream's rotation takes pre-norm transformers (GPT-2, Llama), and {'residual': False} "
+    "rotates only the MLPs' down-projection inputs, which any transformer allows"
+)
 
 
 # -- matrices ---------------------------------------------------------------------------------------------------
@@ -140,7 +165,6 @@ class Stream:
     writers: dict[str, Any] = field(default_factory=dict)  # Linear / Embedding modules, by name
     norms: dict[str, Any] = field(default_factory=dict)  # LayerNorm / RMSNorm modules, by name
     readers: dict[str, list[str]] = field(default_factory=dict)  # norm name -> Linear names reading it
-    writer_nodes: dict[str, fx.Node] = field(default_factory=dict)
 
 
 class _RefusedError(ValueError):
@@ -197,12 +221,9 @@ def _trace_stream(norm: fx.Node, modules: Mapping[str, nn.Module], stream: Strea
             seen.add(id(node))
             stream.values.append(node)
             stream.writers[str(node.target)] = module
-            stream.writer_nodes[str(node.target)] = node
         elif module is not None and _norm_width(module) is not None:
             raise _RefusedError(
-                f"the output of norm {_describe(node)} is added into the stream norm '{norm.target}' reads: a "
-                "post-norm model (BERT, MiniLM) keeps LayerNorm's scale inside its residual stream, which no rotation "
-                "folds into the weights; rotation takes pre-norm transformers (GPT-2, Llama)"
+                f"the output of norm {_describe(node)} is added into the stream '{norm.target}' reads: {_POST_NORM}"
             )
         else:
             raise _RefusedError(
@@ -223,9 +244,8 @@ def _check_users(stream: Stream, modules: Mapping[str, nn.Module]) -> None:
                 continue
             raise _RefusedError(
                 f"the residual stream value {_describe(value)} is read by {_describe(user)}, not only by "
-                "normalization layers and residual adds. A pre-norm transformer (GPT-2, Llama) reads its stream "
-                "only through norms; a post-norm one (BERT, MiniLM) keeps LayerNorm's scale inside the stream, "
-                "which no rotation folds into the weights"
+                f"normalization layers and residual adds (a pre-norm transformer reads its stream only through norms): "
+                f"{_POST_NORM}"
             )
 
 
@@ -243,11 +263,7 @@ def _readers(norm: fx.Node, modules: Mapping[str, nn.Module], dim: int) -> list[
         elif isinstance(module, nn.Linear) and module.in_features == dim and user.args[0] is not None:
             found.append(str(user.target))
         elif _is_add(user):
-            raise _RefusedError(
-                f"the output of norm '{norm.target}' is added to {_describe(user)}: a post-norm model (BERT, MiniLM) "
-                "keeps LayerNorm's scale inside its residual stream, which no rotation folds into the weights; "
-                "rotation takes pre-norm transformers (GPT-2, Llama)"
-            )
+            raise _RefusedError(f"the output of norm '{norm.target}' is added to {_describe(user)}: {_POST_NORM}")
         else:
             raise _RefusedError(
                 f"norm '{norm.target}' is read by {_describe(user)}; the norm's scale and the rotation are folded "
@@ -333,33 +349,41 @@ def _rotate_stream(model: fx.GraphModule, stream: Stream, rotation: Tensor) -> N
         setattr(model.get_submodule(parent) if parent else model, child, replacement)
 
 
-def _ffn_writers(model: fx.GraphModule, stream: Stream) -> list[str]:
-    """The stream's Linear writers whose input is computed elementwise from Linear layers reading a norm (an MLP's
-    down projection)."""
+def mlp_down_projections(model: fx.GraphModule) -> dict[str, fx.Node]:
+    """The MLP down projections of ``model``, by name (with the node calling each): Linear layers called once whose
+    input is computed elementwise (through quantizers, an activation function, a gate's product) from Linear layers
+    only, with at least one activation function or product on the way, and which write the width those layers read
+    (``fc2(gelu(fc1(x)))``, ``down(silu(gate(x)) * up(x))``; not a classifier on a pooler)."""
     modules = dict(model.named_modules())
-    readers = {name for names in stream.readers.values() for name in names}
-    found = []
-    for name, node in stream.writer_nodes.items():
-        if not isinstance(stream.writers[name], nn.Linear):
-            continue
-        pending, leaves, ok = [node.args[0]], 0, True
+    calls: dict[str, list[fx.Node]] = {}
+    for node in model.graph.nodes:
+        if isinstance(_module(node, modules), nn.Linear) and node.args and isinstance(node.args[0], fx.Node):
+            calls.setdefault(str(node.target), []).append(node)
+    found = {}
+    for name, nodes in calls.items():
+        pending, seen, leaves, activations, ok = [nodes[0].args[0]], set(), 0, 0, len(nodes) == 1
         while pending and ok:
             value = pending.pop()
-            module = _module(value, modules)
-            if not isinstance(value, fx.Node):
+            if not isinstance(value, fx.Node) or value in seen:
                 continue
+            seen.add(value)
+            module = _module(value, modules)
             if isinstance(module, nn.Linear):
-                ok, leaves = str(value.target) in readers, leaves + 1
-            elif (
-                (module is not None and (is_quantizer(module) or isinstance(module, _ELEMENTWISE_MODULES)))
-                or (value.op == "call_function" and value.target in _ELEMENTWISE_FUNCTIONS)
-                or (value.op == "call_method" and value.target in _ELEMENTWISE_METHODS)
-            ):
-                pending.extend(a for a in value.args if isinstance(a, fx.Node))
-            else:
-                ok = False
-        if ok and leaves:
-            found.append(name)
+                leaves += 1
+                ok = module.in_features == modules[name].out_features
+                continue
+            function = value.target if value.op in ("call_function", "call_method") else None
+            activation = isinstance(module, _ACTIVATION_MODULES) or function in (
+                _ACTIVATION_FUNCTIONS if value.op == "call_function" else _ACTIVATION_METHODS
+            )
+            passing = (module is not None and (is_quantizer(module) or isinstance(module, _PASSING_MODULES))) or (
+                function in _ARITHMETIC or function in ("add", "pow", "div", "sub")
+            )
+            ok = activation or passing
+            activations += activation
+            pending.extend(a for a in value.args if isinstance(a, fx.Node))
+        if ok and leaves and activations:
+            found[name] = nodes[0]
     return found
 
 
@@ -381,20 +405,14 @@ def _rotate_input_online(model: fx.GraphModule, name: str, node: fx.Node, hadama
     _set(layer, "weight", layer.weight.detach().double() @ hadamard)
 
 
-def _reset_observers(model: nn.Module) -> None:
-    for module in model.modules():
-        if is_quantizer(module):
-            count = getattr(getattr(module, "activation_post_process", None), "num_batches", None)
-            if isinstance(count, Tensor):
-                count.zero_()
-
-
 @torch.no_grad()
 def hadamard_rotation(model: fx.GraphModule, cali_data: Any, config: Mapping[str, Any] | None = None) -> fx.GraphModule:
     """Rotate ``model``'s residual stream (and its MLPs' down-projection inputs) and recalibrate it; returns
     ``model`` (changed in place), in quantization mode.
 
-    ``model``: from ``prepare_by_platform``, a pre-norm transformer (see the module's description). ``cali_data``:
+    ``model``: from ``prepare_by_platform``, a pre-norm transformer (see the module's description); with
+    ``{"residual": False}`` any model with MLPs (post-norm encoders too), whose down projections' inputs only are
+    rotated. ``cali_data``:
     a list of input batches (tensors, tuples of positional inputs, or dicts), as for ``ptq_reconstruction``; every
     quantizer is recalibrated on them. ``config`` keys: :data:`ROTATION_DEFAULTS` (unknown keys are errors). Run
     it before ``gptq`` / ``awq`` (which then quantize the rotated weights).
@@ -404,47 +422,49 @@ def hadamard_rotation(model: fx.GraphModule, cali_data: Any, config: Mapping[str
         raise ValueError(f"hadamard_rotation takes the model prepare_by_platform returned, got {type(model).__name__}")
     if cfg["rotation"] not in ("hadamard", "random"):
         raise ValueError(f"hadamard_rotation config rotation must be 'hadamard' or 'random', got {cfg['rotation']!r}")
+    for key in ("residual", "ffn"):
+        if not isinstance(cfg[key], bool):
+            raise ValueError(f"hadamard_rotation config {key} must be true or false, got {cfg[key]!r}")
     batches = calibration_batches(cali_data)
     recipe = recipe_of(model)  # before the norms change kind
     try:
-        streams = residual_streams(model)
-        plans = []
-        for stream in streams:
-            Q = orthogonal_matrix(stream.dim, cfg["rotation"], cfg["seed"])
-            online = _ffn_writers(model, stream) if cfg["ffn"] else []
-            matrices = {}
-            for name in online:
-                width = stream.writers[name].in_features
-                matrices[name] = orthogonal_matrix(width, "hadamard", cfg["seed"] + 1)
-            plans.append((stream, Q, matrices))
+        streams = residual_streams(model) if cfg["residual"] else []
+        down = mlp_down_projections(model) if cfg["ffn"] else {}
+        if cfg["residual"]:  # the down projections writing a rotated stream (a post-norm model's are refused above)
+            down = {name: node for name, node in down.items() if any(name in s.writers for s in streams)}
+        elif not down:
+            raise _RefusedError(
+                "with residual False only the MLP down projections' inputs are rotated, and none was found (a Linear "
+                "reading an activation function of Linear layers, e.g. fc2(gelu(fc1(x))))"
+                if cfg["ffn"]
+                else "residual and ffn are both False: nothing to rotate"
+            )
+        plans = [(stream, orthogonal_matrix(stream.dim, cfg["rotation"], cfg["seed"])) for stream in streams]
+        layers: dict[str, Any] = dict(model.named_modules())
+        online = {name: orthogonal_matrix(layers[name].in_features, "hadamard", cfg["seed"] + 1) for name in down}
     except _RefusedError as error:
         raise ValueError(f"hadamard_rotation cannot rotate this model: {error}") from None
     except ValueError as error:
         raise ValueError(f"hadamard_rotation: {error}") from None
-    report: dict[str, Any] = {"rotation": cfg["rotation"], "streams": []}
-    for stream, Q, matrices in plans:
+    report: dict[str, Any] = {"rotation": cfg["rotation"], "streams": [], "online": sorted(online)}
+    for stream, Q in plans:
         _rotate_stream(model, stream, Q)
-        for name, H in matrices.items():
-            _rotate_input_online(model, name, stream.writer_nodes[name], H)
         report["streams"].append(
             {
                 "dim": stream.dim,
                 "writers": sorted(stream.writers),
                 "norms": sorted(stream.norms),
                 "readers": sorted(n for names in stream.readers.values() for n in names),
-                "online": sorted(matrices),
             }
         )
         logger.info(
-            "hadamard_rotation: width %d, %d writers, %d norms, %d online rotations",
-            stream.dim,
-            len(stream.writers),
-            len(stream.norms),
-            len(matrices),
+            "hadamard_rotation: width %d, %d writers, %d norms", stream.dim, len(stream.writers), len(stream.norms)
         )
+    for name, H in online.items():
+        _rotate_input_online(model, name, down[name], H)
+    logger.info("hadamard_rotation: %d MLP down projection input(s) rotated online", len(online))
     model.graph.lint()
     model.recompile()
     model.meta["rotation"] = report
-    _reset_observers(model)
     calibrate(model, batches, smooth=False, recipe=recipe)
     return model
