@@ -1,6 +1,6 @@
-"""`mqbench ptq` with `quantize_type: weight_only` on the bundled decoder (`model.type: tiny_gpt`): RTN, GPTQ and AWQ
-W4A16 g128 runs that finish, deploy both the blocked Q/DQ and the MatMulNBits model, verify them, and keep the
-held-out perplexity close to float's (GPTQ below RTN); the new keys checked like the others."""
+"""`mqbench ptq` with `quantize_type: weight_only` on the bundled decoder (`model.type: tiny_gpt`): RTN, GPTQ, AWQ and
+AWQ-then-GPTQ W4A16 g128 runs that finish, deploy both the blocked Q/DQ and the MatMulNBits model, verify them, and
+keep the held-out perplexity close to float's (GPTQ below RTN); the new keys checked like the others."""
 
 from __future__ import annotations
 
@@ -27,13 +27,16 @@ DECODER_RUN: dict[str, Any] = {
 }
 
 
-def _run(folder: Path, algorithm: str | None, quantize: dict[str, Any] | None = None) -> dict[str, Any]:
+def _run(folder: Path, algorithm: str | list[str] | None, quantize: dict[str, Any] | None = None) -> dict[str, Any]:
     config = json.loads(json.dumps(DECODER_RUN))
     if algorithm is not None:
         config["quantize"]["algorithm"] = algorithm
     config["quantize"] |= quantize or {}
-    if algorithm == "awq":  # coarser searches than AWQ_DEFAULTS' (20 x 20 on 4096 rows): a quarter of the time
-        config["quantize"]["algorithm_config"] = {"grid": 10, "clip_grid": 10, "sample_rows": 1024}
+    coarse = {"grid": 10, "clip_grid": 10, "sample_rows": 1024}  # AWQ_DEFAULTS: 20 x 20 on 4096 rows, 4x the time
+    if algorithm == "awq":
+        config["quantize"]["algorithm_config"] = coarse
+    elif algorithm == ["awq", "gptq"]:
+        config["quantize"]["algorithm_config"] = {"awq": coarse, "gptq": {"act_order": True}}
     folder.mkdir(parents=True)
     (folder / "run.yaml").write_text(yaml.safe_dump(config))
     code = main(["ptq", "--config", str(folder / "run.yaml"), "--output", str(folder / "run"), "--quiet"])
@@ -44,12 +47,15 @@ def _run(folder: Path, algorithm: str | None, quantize: dict[str, Any] | None = 
 
 @pytest.fixture(scope="module")
 def decoder_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
-    """results.json of one W4A16 g128 run per algorithm, on the same calibration and evaluation windows."""
+    """results.json of one W4A16 g128 run per algorithm (and AWQ then GPTQ), on the same calibration and evaluation
+    windows."""
     root = tmp_path_factory.mktemp("llm")
-    return {algorithm: _run(root / algorithm, algorithm) for algorithm in ("rtn", "gptq", "awq")}
+    runs = {algorithm: _run(root / algorithm, algorithm) for algorithm in ("rtn", "gptq", "awq")}
+    runs["awq+gptq"] = _run(root / "awq+gptq", ["awq", "gptq"])
+    return runs
 
 
-@pytest.mark.parametrize("algorithm", ["rtn", "gptq", "awq"])
+@pytest.mark.parametrize("algorithm", ["rtn", "gptq", "awq", "awq+gptq"])
 def test_a_weight_only_decoder_run_finishes_deploys_both_formats_and_verifies(decoder_runs, algorithm):
     results = decoder_runs[algorithm]
     assert results["status"] == "finished"
@@ -64,7 +70,7 @@ def test_a_weight_only_decoder_run_finishes_deploys_both_formats_and_verifies(de
     assert all(math.isfinite(ppl[k]) for k in ("float", "simulated", "deployed"))
     # the deployed model (MatMulNBits on onnxruntime) serves what the simulation computes
     assert ppl["deployed"] == pytest.approx(ppl["simulated"], rel=1e-3)
-    # measured on these 16 windows: float 8.876, RTN 8.938 (+0.7 %), GPTQ 8.883, AWQ 8.892
+    # measured on these 16 windows: float 8.876, RTN 8.938 (+0.7 %), GPTQ 8.883, AWQ 8.892, AWQ then GPTQ 8.877
     assert ppl["float"] < ppl["simulated"] < 1.1 * ppl["float"], ppl
     assert results["accuracy"]["float"] is None  # no labels: a language model is measured by its perplexity
     report = (Path(results["artifacts"]["onnx"]).parents[1] / "report.md").read_text()
@@ -73,7 +79,8 @@ def test_a_weight_only_decoder_run_finishes_deploys_both_formats_and_verifies(de
 
 def test_gptq_and_awq_beat_rounding_to_nearest_on_the_same_windows(decoder_runs):
     ppl = {algorithm: results["perplexity"]["simulated"] for algorithm, results in decoder_runs.items()}
-    assert ppl["gptq"] < ppl["rtn"] and ppl["awq"] < ppl["rtn"], ppl
+    assert ppl["gptq"] < ppl["rtn"] and ppl["awq"] < ppl["rtn"] and ppl["awq+gptq"] < ppl["rtn"], ppl
+    assert {"awq", "gptq"} <= set(decoder_runs["awq+gptq"]["seconds"])  # both ran, in the order given
     floats = {results["perplexity"]["float"] for results in decoder_runs.values()}
     assert len(floats) == 1  # the same held-out windows in every run
 
@@ -88,7 +95,20 @@ def test_the_terminal_summary_shows_the_perplexity(decoder_runs):
 @pytest.mark.parametrize(
     ("quantize", "message"),
     [
-        ({"algorithm": "smoothquant"}, r"'quantize\.algorithm' must be one of rtn, gptq, awq, got 'smoothquant'"),
+        (
+            {"algorithm": "smoothquant"},
+            r"'quantize\.algorithm' must be one of rtn, gptq, awq, or a list of gptq and awq run in order "
+            r"\(e\.g\. \[awq, gptq\]\), got 'smoothquant'",
+        ),
+        ({"algorithm": ["rtn", "gptq"]}, r"'quantize\.algorithm' must be one of rtn, gptq, awq, or a list"),
+        ({"algorithm": []}, r"'quantize\.algorithm' must be one of rtn, gptq, awq, or a list"),
+        ({"algorithm": ["gptq", "awq"]}, r"'quantize\.algorithm' \['gptq', 'awq'\]: gptq must come last"),
+        ({"algorithm": ["awq", "awq"]}, r"'quantize\.algorithm' names an algorithm twice: \['awq', 'awq'\]"),
+        (
+            {"algorithm": ["awq", "gptq"], "algorithm_config": {"damp": 0.1}},
+            r"'quantize\.algorithm_config' of the algorithms \['awq', 'gptq'\] maps each one's name to its config "
+            r"\(e\.g\. \{gptq: \{act_order: true\}\}\); got 'damp': 0\.1",
+        ),
         (
             {"quantize_type": "naive_ptq", "algorithm": "gptq"},
             r"'quantize\.algorithm' is for quantize_type: weight_only",
@@ -110,6 +130,10 @@ def test_the_weight_only_keys_are_checked(quantize, message):
 def test_the_task_follows_the_model_and_brings_its_own_data():
     config = parse_config({"model": {"type": "tiny_gpt"}, "quantize": {"quantize_type": "weight_only"}}, "run.yaml")
     assert config["model"]["task"] == "language_model" and config["quantize"]["algorithm"] == "rtn"
+    one = parse_config(
+        {"model": {"type": "tiny_gpt"}, "quantize": {"quantize_type": "weight_only", "algorithm": ["gptq"]}}, "run.yaml"
+    )
+    assert one["quantize"]["algorithm"] == "gptq"  # a list of one is that algorithm
     assert parse_config({}, "run.yaml")["model"]["task"] == "classification"
     with pytest.raises(ConfigError, match=r"'model\.task' is language_model but model\.type 'resnet18'"):
         parse_config({"model": {"task": "language_model"}}, "run.yaml")

@@ -37,10 +37,13 @@ and the valid choices. Missing sections and keys take the defaults below.
       cali_batchsize: 4         # calibration batches (of data.batch_size)
       backend: Academic
       reconstruction: {...}     # advanced_ptq: ptq_reconstruction's config
-      algorithm: rtn            # mqbench, weight_only: rtn (round to nearest, reads no data), gptq or awq
-      algorithm_config: {}      # mqbench, weight_only: gptq's or awq's config (GPTQ_DEFAULTS / AWQ_DEFAULTS keys)
+      algorithm: rtn            # mqbench, weight_only: rtn (round to nearest, reads no data), gptq or awq; or
+                                #   a list run in order, gptq last: [awq, gptq]
+      algorithm_config: {}      # mqbench, weight_only: gptq's or awq's config (GPTQ_DEFAULTS / AWQ_DEFAULTS keys);
+                                #   with a list, each algorithm's by its name: {gptq: {act_order: true}}
       rotation: null            # mqbench: null, or hadamard_rotation's config ({} for its defaults:
                                 #   ROTATION_DEFAULTS) to rotate a pre-norm transformer's residual stream first
+                                #   ({residual: false}: only the MLPs' down-projection inputs, any transformer)
       recipe: null              # mqbench: calibration recipe: null (the backend's ptq_recipe), plain, or
                                 # {activation_observer: PercentileObserver, equalize: true, bias_correction: true}
       deploy: {model_name: model, output_path: null, deploy_to_qlinear: false}
@@ -71,11 +74,14 @@ and the valid choices. Missing sections and keys take the defaults below.
 Weight-only quantization of language models (``quantize_type: weight_only``): the weights are rounded by
 ``algorithm`` (``rtn``: each weight quantizer calibrated on its own weight; ``gptq`` / ``awq``:
 :func:`~mqbench.advanced_ptq.gptq` / :func:`~mqbench.advanced_ptq.awq` on the calibration batches with
-``algorithm_config``), then the model quantizes. The bits and group size are the backend's (``llm_w4a16``: 4-bit
-symmetric groups of 128 input channels; ``llm_w8a16``: 8-bit); change them through ``extra_qconfig_dict``. A
-backend that also quantizes activations (``tensorrt_nlp``'s W8A8) gets its activation calibration first (as
-naive_ptq does), then the algorithm re-rounds its weights. ``rotation`` (any quantize_type) first rotates a
-pre-norm transformer's residual stream (:func:`~mqbench.advanced_ptq.hadamard_rotation`, which recalibrates):
+``algorithm_config``; a list such as ``[awq, gptq]``: AWQ's scales and clipping, then GPTQ on the scaled
+layers, each with its own config, ``algorithm_config: {awq: {...}, gptq: {...}}``), then the model quantizes.
+The bits and group size are the backend's (``llm_w4a16``: 4-bit symmetric groups of 128 input channels;
+``llm_w8a16``: 8-bit); change them through ``extra_qconfig_dict``. A backend that also quantizes activations
+(``tensorrt_nlp``'s W8A8) gets its activation calibration first (as naive_ptq does), then the algorithm re-rounds
+its weights. ``rotation`` (any quantize_type) first rotates a pre-norm transformer's residual stream
+(:func:`~mqbench.advanced_ptq.hadamard_rotation`, which recalibrates; ``{residual: false}``: only the MLPs'
+down-projection inputs, which post-norm encoders such as MiniLM allow too):
 
 .. code-block:: yaml
 
@@ -344,7 +350,10 @@ _CHECKS: dict[str, dict[str, tuple[Callable[[Any], bool], str]]] = {
         "cali_batchsize": (_positive_int, "a positive integer (number of calibration batches)"),
         "backend": (lambda v: isinstance(v, str) and bool(v), "a backend name (mqbench backends lists them)"),
         "reconstruction": (lambda v: v is None or _mapping(v), "a mapping (ptq_reconstruction's config)"),
-        "algorithm": (lambda v: v is None or v in ALGORITHMS, "one of " + ", ".join(ALGORITHMS)),
+        "algorithm": (
+            lambda v: v is None or v in ALGORITHMS or _algorithm_list(v),
+            "one of " + ", ".join(ALGORITHMS) + ", or a list of gptq and awq run in order (e.g. [awq, gptq])",
+        ),
         "algorithm_config": (
             lambda v: v is None or _mapping(v),
             "a mapping (gptq's or awq's config: mqbench.advanced_ptq.GPTQ_DEFAULTS / AWQ_DEFAULTS name its keys)",
@@ -531,12 +540,41 @@ def _check_weight_only(config: dict[str, Any], source: str) -> None:
         return
     if quantize["algorithm"] is None:
         quantize["algorithm"] = "rtn"
+    if isinstance(quantize["algorithm"], list):
+        _check_algorithm_list(quantize, source)
     if quantize["algorithm"] == "rtn" and quantize["algorithm_config"]:
         raise ConfigError(
             f"{source}: 'quantize.algorithm_config' is for gptq and awq; rtn (round to nearest) takes no settings"
         )
     if quantize["reconstruction"]:
         raise ConfigError(f"{source}: 'quantize.reconstruction' is for advanced_ptq, not weight_only")
+
+
+def _algorithm_list(value: Any) -> bool:
+    return isinstance(value, list) and bool(value) and all(v in ALGORITHMS[1:] for v in value)
+
+
+def _check_algorithm_list(quantize: dict[str, Any], source: str) -> None:
+    """A list of algorithms: each once, GPTQ last (it rounds the weights; what came after would round them again),
+    and with more than one, ``algorithm_config`` keyed by their names. A list of one is that algorithm."""
+    algorithms, config = quantize["algorithm"], quantize["algorithm_config"]
+    if len(set(algorithms)) != len(algorithms):
+        raise ConfigError(f"{source}: 'quantize.algorithm' names an algorithm twice: {algorithms}")
+    if "gptq" in algorithms and algorithms[-1] != "gptq":
+        raise ConfigError(
+            f"{source}: 'quantize.algorithm' {algorithms}: gptq must come last (it rounds the weights, compensating "
+            "each rounding's error; an algorithm after it would scale and round them again), e.g. [awq, gptq]"
+        )
+    if len(algorithms) == 1:
+        quantize["algorithm"] = algorithms[0]
+        return
+    for key, value in config.items():
+        if key not in algorithms or not _mapping(value):
+            raise ConfigError(
+                f"{source}: 'quantize.algorithm_config' of the algorithms {algorithms} maps each one's name to its "
+                f"config (e.g. {{gptq: {{act_order: true}}}}); got {key!r}: {value!r}"
+            )
+    quantize["algorithm_config"] = {key: dict(value) for key, value in config.items()}
 
 
 def _check_task(config: dict[str, Any], source: str) -> None:

@@ -107,32 +107,39 @@ def weight_only(run: Run, qmodel: fx.GraphModule, calibration: list[Any], starte
     A backend that also quantizes activations (not ``weight_only`` in its spec, e.g. tensorrt_nlp's W8A8) is first
     calibrated as naive_ptq calibrates (activations and weights); the algorithm then re-rounds the weights. ``rtn``
     calibrates each weight quantizer on its own weight (no data); ``gptq`` and ``awq`` read the calibration batches
-    with ``quantize.algorithm_config`` (whose unknown keys or bad values are a ConfigError naming the valid ones).
+    with ``quantize.algorithm_config`` (whose unknown keys or bad values are a ConfigError naming the valid ones); a
+    list of them runs in order, each with its entry of ``algorithm_config`` (``results.json``'s ``algorithm``:
+    their names joined by ``+``).
     """
     quantize = run.config["quantize"]
     algorithm = quantize["algorithm"] or "rtn"
-    run.extra["algorithm"] = algorithm
+    algorithms = algorithm if isinstance(algorithm, list) else [algorithm]
+    configs = quantize["algorithm_config"] or {}
+    run.extra["algorithm"] = "+".join(algorithms)
     if not run.spec.weight_only:
         recipe = ptq_recipe(quantize.get("recipe"), qmodel)
         run.extra["recipe"] = recipe.describe()
         calibrate(qmodel, tqdm(calibration, desc="calibration", disable=run.quiet, leave=False), recipe=recipe)
     run.seconds["calibration"] = time.perf_counter() - started
-    started = time.perf_counter()
-    if algorithm == "rtn":
-        calibrate_weights(qmodel)
-    else:
-        config = dict(quantize["algorithm_config"] or {})
-        # one step: the algorithm passes over the calibration batches once per site of linear layers
-        with tqdm(total=1, desc=f"{algorithm} on {len(calibration)} batch(es)", disable=run.quiet, leave=False) as bar:
-            try:
-                WEIGHT_ALGORITHMS[algorithm](qmodel, calibration, config)
-            except ValueError as error:
-                if f"{algorithm} config" not in str(error):  # not a configuration error: the algorithm's own
-                    raise
-                raise ConfigError(f"quantize.algorithm_config: {error}") from error
-            bar.update()
+    for name in algorithms:  # rtn comes alone
+        started = time.perf_counter()
+        if name == "rtn":
+            calibrate_weights(qmodel)
+        else:
+            config = dict(configs.get(name) or {}) if len(algorithms) > 1 else dict(configs)
+            key = f"quantize.algorithm_config.{name}" if len(algorithms) > 1 else "quantize.algorithm_config"
+            # one step: the algorithm passes over the calibration batches once per site of linear layers
+            desc = f"{name} on {len(calibration)} batch(es)"
+            with tqdm(total=1, desc=desc, disable=run.quiet, leave=False) as bar:
+                try:
+                    WEIGHT_ALGORITHMS[name](qmodel, calibration, config)
+                except ValueError as error:
+                    if f"{name} config" not in str(error):  # not a configuration error: the algorithm's own
+                        raise
+                    raise ConfigError(f"{key}: {error}") from error
+                bar.update()
+        run.seconds[name] = time.perf_counter() - started
     enable_quantization(qmodel)
-    run.seconds[algorithm] = time.perf_counter() - started
     return qmodel
 
 
