@@ -92,6 +92,17 @@ def test_the_rotated_model_computes_the_float_function_on_a_rotated_stream(backe
     torch.testing.assert_close(inputs["rotated"][0], centred @ Q, rtol=1e-4, atol=1e-4)
 
 
+def test_a_decoder_captured_with_torch_export_rotates_to_the_same_function():
+    model, ids = _decoder(), _ids(1)
+    qmodel = prepare_by_platform(model, "tensorrt_nlp", {"capture": "export", "example_inputs": (ids,)})
+    hadamard_rotation(qmodel, [_ids(2)])
+    assert qmodel.meta["rotation"]["online"] == [f"blocks.{i}.proj" for i in range(DEPTH)]
+    assert sum(isinstance(m, nn.RMSNorm) for m in qmodel.modules()) == 2 * DEPTH + 1
+    disable_all(qmodel)
+    with torch.no_grad():
+        torch.testing.assert_close(qmodel(ids), model(ids), rtol=1e-4, atol=1e-4)
+
+
 def test_a_norm_scale_outlier_stops_costing_activation_precision():
     """One LayerNorm output channel 40x the others (a large norm scale, as LLMs grow): a per-tensor int8 grid on
     the norm's output spends its range on that channel; rotated, the scale sits in the weights. Measured with only

@@ -292,8 +292,9 @@ def residual_streams(model: fx.GraphModule) -> list[Stream]:
     if not streams:
         raise _RefusedError(
             "found no LayerNorm or RMSNorm module (normalizing one last dimension) in the graph: nothing to rotate. "
-            "Rotation reads norms as modules, as torch.fx captures them; a graph captured with torch.export holds "
-            "them as functions"
+            "Rotation reads norms as modules (as both torch.fx and the export capture keep them); a norm computed "
+            "by functions in forward (F.layer_norm, or by hand) is not seen. {'residual': False} rotates only the "
+            "MLPs' down-projection inputs"
         )
     for stream in streams.values():
         kinds = {type(m) for m in stream.norms.values()}
