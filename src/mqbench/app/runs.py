@@ -26,7 +26,6 @@ earlier run comes back if the new one does not finish).
 from __future__ import annotations
 
 import inspect
-import math
 import random
 import time
 from collections.abc import Callable
@@ -58,6 +57,7 @@ from mqbench.backends import BackendSpec, resolve_backend
 from mqbench.convert_deploy import convert_deploy
 from mqbench.deploy.context import DeployResult
 from mqbench.deploy.verify import verify_deploy
+from mqbench.models.decoder import window_perplexity
 from mqbench.models.sentence_embedding import embedding_agreement
 from mqbench.prepare_by_platform import prepare_by_platform
 from mqbench.utils.host import describe_host, host_facts
@@ -154,19 +154,12 @@ class Run:
 
     def perplexity(self, run: Callable[[Tensor], Any], what: str) -> float | None:
         """A language model's held-out perplexity: ``exp`` of the mean next-token cross-entropy over the held-out
-        windows, every position but the first (:func:`mqbench.models.decoder.held_out_perplexity`'s figure; None
-        for other tasks)."""
+        windows, every position but the first (:func:`mqbench.models.decoder.window_perplexity`, for a deployed
+        model's runner too; None for other tasks)."""
         if self.task != "language_model":
             return None
         windows = tqdm(self.val.split(self.batch_size), desc=f"perplexity ({what})", disable=self.quiet, leave=False)
-        total, count = 0.0, 0
-        with torch.no_grad():
-            for ids in windows:  # as held_out_perplexity computes it, for a deployed model's runner too
-                logits = prediction(run(ids[:, :-1]))
-                targets = ids[:, 1:].reshape(-1)
-                total += float(F.cross_entropy(logits.reshape(len(targets), -1).float(), targets, reduction="sum"))
-                count += len(targets)
-        return math.exp(total / count)
+        return window_perplexity(lambda ids: prediction(run(ids)), windows)
 
     def embeddings(self, run: Callable[[Tensor], Any], what: str) -> Tensor | None:
         """A sentence encoder's embeddings of the validation samples ``[N, D]`` (None for other tasks): the output

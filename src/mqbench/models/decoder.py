@@ -23,6 +23,7 @@ import json
 import math
 import sys
 import sysconfig
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -40,6 +41,7 @@ __all__ = [
     "stdlib_corpus",
     "token_windows",
     "trained_decoder",
+    "window_perplexity",
 ]
 
 VOCAB = 256  # bytes
@@ -141,18 +143,27 @@ def token_windows(data: bytes, length: int, count: int, seed: int) -> Tensor:
 
 
 @torch.no_grad()
+def window_perplexity(logits_of: Callable[[Tensor], Tensor], batches: Iterable[Tensor]) -> float:
+    """``exp`` of the mean next-token cross-entropy over every position of each batch of windows ``[N, L + 1]``, the
+    first excepted; ``logits_of(ids[:, :-1])`` gives the logits ``[N, L, vocabulary]`` (a model's or a runtime's)."""
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for ids in batches:
+            logits = logits_of(ids[:, :-1])
+            targets = ids[:, 1:].reshape(-1)
+            total += float(F.cross_entropy(logits.reshape(len(targets), -1).float(), targets, reduction="sum"))
+            count += len(targets)
+    return math.exp(total / count)
+
+
 def held_out_perplexity(model: nn.Module, windows: Tensor, batch: int = 16) -> float:
     """``exp`` of the mean next-byte cross-entropy over every position of ``windows`` (the first excepted)."""
-    total, count = 0.0, 0
-    for i in range(0, windows.shape[0], batch):
-        ids = windows[i : i + batch]
-        logits = model(ids[:, :-1])
-        if not isinstance(logits, Tensor):
-            logits = logits[0]
-        loss = F.cross_entropy(logits.reshape(-1, VOCAB).float(), ids[:, 1:].reshape(-1), reduction="sum")
-        total += float(loss)
-        count += ids[:, 1:].numel()
-    return math.exp(total / count)
+
+    def logits_of(ids: Tensor) -> Tensor:
+        logits = model(ids)
+        return logits if isinstance(logits, Tensor) else logits[0]
+
+    return window_perplexity(logits_of, windows.split(batch))
 
 
 @dataclass(frozen=True)
