@@ -67,5 +67,10 @@ def test_the_decoder_quantizes_deploys_and_verifies(algorithm, tmp_path):
     result = convert_deploy(qmodel, "llm_w4a16", dummy_input=ids, output_path=str(tmp_path), model_name="gpt")
     report = verify_deploy(qmodel, result, ids)
     assert report.passed, str(report)
+    # GPTQ rounds the weights in place: the float reference holds them, and the report says so (AWQ keeps them)
+    assert report.fidelity is not None
+    note = report.fidelity.reference_note
+    assert (note is not None and "gptq rounded in place (7 layer(s))" in note) is (algorithm == "gptq"), note
+    assert (note or "") in str(report)
     ops = [n.op_type for n in onnx.load(result.artifacts["matmulnbits_onnx"]).graph.node]
     assert ops.count("MatMulNBits") == 7  # q, k, v, out, fc, proj and the head

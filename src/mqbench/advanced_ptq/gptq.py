@@ -14,7 +14,8 @@ computed when its first column is reached, from the weights as updated so far.
 ``gptq(model, cali_data, config)`` runs it on every linear layer of a prepared model, one site (the layers reading
 one value) at a time in graph order, each site's inputs computed with the layers before it already quantized.
 Each layer's weight is replaced by its rounded values and its weight quantizer keeps the scales GPTQ used (its
-observer stopped). ``model.meta["gptq"]`` holds per layer the output error of rounding to nearest and of GPTQ.
+observer stopped). ``model.meta["gptq"]`` holds per layer the output error of rounding to nearest and of GPTQ;
+``model.meta["rounded_weights"]`` names the layers whose float weights are now the rounded ones.
 
 Example:
     >>> import torch
@@ -179,6 +180,8 @@ def gptq(model: fx.GraphModule, cali_data: Any, config: Mapping[str, Any] | None
                 "seconds": time.perf_counter() - started,
             }
     model.meta["gptq"] = report
+    # the float model (quantizers off) now holds these rounded weights: verify_deploy's float comparison says so
+    model.meta["rounded_weights"] = {"by": "gptq", "layers": sorted(report)}
     logger.info("gptq: %d layer(s) rounded", len(report))
     return model
 

@@ -13,6 +13,10 @@ The simulation is *far* from float when an output's SQNR is below ``threshold_db
 20 dB: an error whose power is 1% of the output's). :meth:`Fidelity.warning` then names the
 quantizers adding the most error and what usually helps.
 
+The float model is the prepared model with its quantizers off: where an algorithm rounded the
+weights in place (GPTQ records them in ``model.meta["rounded_weights"]``), that rounding is on
+both sides, and :attr:`Fidelity.reference_note` says so.
+
 Example:
     >>> import torch
     >>> from torch import nn
@@ -70,6 +74,8 @@ class Fidelity:
     outputs: list[TensorFidelity]
     quantizers: list[TensorFidelity] = field(default_factory=list)
     threshold_db: float = FAR_SQNR_DB
+    # what the float reference is, where it is not the model as given (e.g. weights an algorithm rounded in place)
+    reference_note: str | None = None
 
     @property
     def far(self) -> bool:
@@ -82,6 +88,8 @@ class Fidelity:
     def summary(self) -> str:
         shown = ", ".join(f"{o.name} {_db(o.sqnr_db)} (cosine {o.cosine:.4f})" for o in self.outputs[:4])
         lines = [f"simulation vs float model: {shown or 'no float outputs'}"]
+        if self.reference_note:
+            lines.append(f"  ({self.reference_note})")
         if self.far:
             lines.append(f"WARNING: {self.warning()}")
         return "\n".join(lines)
@@ -117,6 +125,7 @@ class Fidelity:
             "threshold_db": self.threshold_db,
             "far": self.far,
             "warning": self.warning(),
+            "reference_note": self.reference_note,
         }
 
 
@@ -203,4 +212,16 @@ def simulation_fidelity(
         one.add(f, q)
         outputs.append(one.fidelity(f"output_{index}", "output"))
     per_quantizer = sorted((s.fidelity(n, kinds[n]) for n, s in sums.items()), key=lambda t: t.sqnr_db)
-    return Fidelity(outputs, per_quantizer, threshold_db)
+    return Fidelity(outputs, per_quantizer, threshold_db, _reference_note(qmodel))
+
+
+def _reference_note(qmodel: nn.Module) -> str | None:
+    """What the float reference holds where an algorithm rewrote weights in place (``meta["rounded_weights"]``)."""
+    rounded = getattr(qmodel, "meta", {}).get("rounded_weights")
+    if not rounded:
+        return None
+    return (
+        f"the float model holds the weights {rounded['by']} rounded in place ({len(rounded['layers'])} layer(s)): "
+        "their rounding is in both sides of this comparison, not in the figure; the algorithm's report in "
+        f"model.meta[{rounded['by']!r}] has each layer's output error"
+    )
