@@ -13,9 +13,9 @@ Parts (``--parts``):
 * ``decoder``: held-out perplexity of float; W8A16, W4A16 g128, W3A16 g128 with RTN, GPTQ, AWQ (``llm_w8a16``,
   ``llm_w4a16``), and W4A16 g128 after the Hadamard rotation with RTN and GPTQ; W8A8 (``tensorrt_nlp``:
   per-channel int8 weights, per-tensor int8 linear and matmul inputs) and W8A6 (the same, 6-bit activations)
-  naive, with SmoothQuant and with the Hadamard rotation; FP8 E4M3 (``tensorrt_fp8``). What reads calibration
-  data runs on ``--draws`` draws (mean and spread); RTN reads none. One W4A16 GPTQ model is deployed and verified
-  (both artifacts).
+  naive, with SmoothQuant, with the Hadamard rotation, and with both (rotation, then SmoothQuant); FP8 E4M3
+  (``tensorrt_fp8``). What reads calibration data runs on ``--draws`` draws (mean and spread); RTN reads none.
+  One W4A16 GPTQ model is deployed and verified (both artifacts).
 * ``minilm``: W4A16 g128 RTN / GPTQ / AWQ (symmetric, the backend's), and asymmetric RTN / GPTQ with act_order,
   with min/max group ranges and with MSE-searched ones, and AWQ then GPTQ (asymmetric, MSE-searched). The
   calibration docstrings come in padded batches of 16 (GPTQ and AWQ read their tokens, not the padding).
@@ -133,15 +133,15 @@ def run_decoder(args: argparse.Namespace) -> dict[str, Any]:
             rows[f"{label} {algorithm}"] = {"ppl": values}
     for activation_bits in (8, 6):
         config = {"extra_qconfig_dict": {"a_qscheme": {"bit": activation_bits}}} if activation_bits != 8 else {}
-        for method in ("naive", "SmoothQuant", "rotation"):
+        for method in ("naive", "SmoothQuant", "rotation", "rotation + SmoothQuant"):
             label, values = f"W8A{activation_bits} {method}", []
             for windows in draws:
                 qmodel = prepare_by_platform(model, "tensorrt_nlp", config)
                 cali = list(windows.split(8))
-                if method == "rotation":
-                    hadamard_rotation(qmodel, cali)
-                else:
-                    calibrate(qmodel, cali, smooth=method == "SmoothQuant", recipe=PTQRecipe())
+                if method.startswith("rotation"):
+                    hadamard_rotation(qmodel, cali)  # calibrates (plainly)
+                if method != "rotation":  # calibrated again, forgetting the first ranges, with SmoothQuant
+                    calibrate(qmodel, cali, smooth="SmoothQuant" in method, recipe=PTQRecipe())
                 values.append(held_out_perplexity(qmodel, evaluation))
             rows[label] = {"ppl": values}
             print(f"  {label}: {values}", flush=True)
