@@ -180,7 +180,8 @@ def test_a_post_norm_encoder_rotates_only_its_mlp_down_projection_inputs():
 
 
 class _Shapes(nn.Module):
-    """A gated MLP, a plain Linear pair, a classifier on a tanh pooler, and one Linear called twice."""
+    """A gated MLP, a plain Linear pair, a classifier on a tanh pooler, one Linear called twice, and two Linear
+    layers reading one activation (through one quantizer)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -188,13 +189,16 @@ class _Shapes(nn.Module):
         self.a, self.b = nn.Linear(8, 16), nn.Linear(16, 8)
         self.pooler, self.classifier = nn.Linear(8, 8), nn.Linear(8, 3)
         self.fc, self.twice = nn.Linear(8, 16), nn.Linear(16, 16)
+        self.wide, self.left, self.right = nn.Linear(8, 16), nn.Linear(16, 8), nn.Linear(16, 8)
 
     def forward(self, x):
         y = self.down(F.silu(self.gate(x)) * self.up(x))  # found: Llama's MLP
         y = self.b(self.a(y))  # no activation between them: not an MLP
         logits = self.classifier(torch.tanh(self.pooler(y)))  # writes 3, not the 8 its pooler reads
         h = self.twice(torch.relu(self.fc(y)))
-        return logits, self.twice(h)  # called twice: one rotated weight would serve two inputs
+        g = F.gelu(self.wide(y))
+        both = self.left(g) + self.right(g)  # one quantizer feeds both: rotating one's input would turn the other's
+        return logits, self.twice(h), both  # twice called twice: one rotated weight would serve two inputs
 
 
 def test_the_mlp_down_projections_are_found_by_their_shape():

@@ -354,7 +354,8 @@ def mlp_down_projections(model: fx.GraphModule) -> dict[str, fx.Node]:
     """The MLP down projections of ``model``, by name (with the node calling each): Linear layers called once whose
     input is computed elementwise (through quantizers, an activation function, a gate's product) from Linear layers
     only, with at least one activation function or product on the way, and which write the width those layers read
-    (``fc2(gelu(fc1(x)))``, ``down(silu(gate(x)) * up(x))``; not a classifier on a pooler)."""
+    (``fc2(gelu(fc1(x)))``, ``down(silu(gate(x)) * up(x))``; not a classifier on a pooler). A layer whose input
+    quantizer other layers read too is left out (rotating its input would turn theirs)."""
     modules = dict(model.named_modules())
     calls: dict[str, list[fx.Node]] = {}
     for node in model.graph.nodes:
@@ -362,7 +363,12 @@ def mlp_down_projections(model: fx.GraphModule) -> dict[str, fx.Node]:
             calls.setdefault(str(node.target), []).append(node)
     found = {}
     for name, nodes in calls.items():
-        pending, seen, leaves, activations, ok = [nodes[0].args[0]], set(), 0, 0, len(nodes) == 1
+        source = nodes[0].args[0]
+        quantizer = _module(source, modules)
+        # the rotation goes before the input's quantizer: one that other layers read too would turn their input
+        read_by_others = isinstance(source, fx.Node) and len(source.users) > 1
+        shared = read_by_others and quantizer is not None and is_quantizer(quantizer)
+        pending, seen, leaves, activations, ok = [source], set(), 0, 0, len(nodes) == 1 and not shared
         while pending and ok:
             value = pending.pop()
             if not isinstance(value, fx.Node) or value in seen:
@@ -413,10 +419,9 @@ def hadamard_rotation(model: fx.GraphModule, cali_data: Any, config: Mapping[str
 
     ``model``: from ``prepare_by_platform``, a pre-norm transformer (see the module's description); with
     ``{"residual": False}`` any model with MLPs (post-norm encoders too), whose down projections' inputs only are
-    rotated. ``cali_data``:
-    a list of input batches (tensors, tuples of positional inputs, or dicts), as for ``ptq_reconstruction``; every
-    quantizer is recalibrated on them. ``config`` keys: :data:`ROTATION_DEFAULTS` (unknown keys are errors). Run
-    it before ``gptq`` / ``awq`` (which then quantize the rotated weights).
+    rotated. ``cali_data``: a list of input batches (tensors, tuples of positional inputs, or dicts), as for
+    ``ptq_reconstruction``; every quantizer is recalibrated on them. ``config`` keys: :data:`ROTATION_DEFAULTS`
+    (unknown keys are errors). Run it before ``gptq`` / ``awq`` (which then quantize the rotated weights).
     """
     cfg = config_with(ROTATION_DEFAULTS, config, "hadamard_rotation")
     if not isinstance(model, fx.GraphModule):
