@@ -306,8 +306,7 @@ def residual_streams(model: fx.GraphModule) -> list[Stream]:
 
 # -- folding ---------------------------------------------------------------------------------------------------
 def _set(module: nn.Module, name: str, value: Tensor) -> None:
-    old = getattr(module, name)
-    setattr(module, name, nn.Parameter(value.to(old.dtype if old is not None else torch.float32)))
+    setattr(module, name, nn.Parameter(value.to(getattr(module, name).dtype)))
 
 
 def _rotate_stream(model: fx.GraphModule, stream: Stream, rotation: Tensor) -> None:
