@@ -50,6 +50,7 @@ from mqbench.deploy.freeze import freeze_quantizers, merge_bn, merge_bn_in_place
 from mqbench.deploy.functions import DeployFunctionRegistry, deploy_functions, register_deploy_function
 from mqbench.deploy.inputs import ModelInputs, describe, model_inputs
 from mqbench.deploy.onnx_graph import save_model
+from mqbench.deploy.op_origin import op_origin, refused_op
 from mqbench.deploy.qdq import insert_qdq
 from mqbench.deploy.stepwise import (
     BACKEND_DEPLOY_FUNCTION,
@@ -189,16 +190,27 @@ def _convert_onnx(
     except torch.onnx.errors.OnnxExporterError as error:  # an op of the model ONNX export cannot write
         message = str(error).splitlines()[0] if str(error) else type(error).__name__
         message = message.split(" Please feel free")[0]
+        owner = _refused_op_owner(model, inputs, message)
         raise NotImplementedError(
-            f"the model cannot be written as ONNX for {shown}: {message} "
-            "Change that op of the model (or the input shape it is deployed for), or exclude it from quantization "
-            "and deploy the rest"
+            f"the model cannot be written as ONNX for {shown}: {message.rstrip('. ')}. {owner}"
         ) from None
     except RuntimeError as error:
         message = str(error).splitlines()[0] if str(error) else type(error).__name__
         raise RuntimeError(f"ONNX export failed for {shown}: {message}") from error
     float_model, table = strip_quantizers(exported)
     return float_model, table, exported.input_names, exported.output_names
+
+
+def _refused_op_owner(model: nn.Module, inputs: ModelInputs, message: str) -> str:
+    """Who calls the op the exporter refused (the model's own code, or a library's it calls) and what to do."""
+    op = refused_op(message)
+    origin = op_origin(model, inputs.args, op) if op is not None else None
+    if origin is None:
+        return (
+            "Change that op of the model (or the input shape it is deployed for), or give the ONNX exporter a way to "
+            "write it (torch.onnx.register_custom_op_symbolic)"
+        )
+    return origin.explain()
 
 
 def _signature(model: nn.Module) -> str:
