@@ -30,11 +30,13 @@ from torch import Tensor, fx, nn
 from torch.fx.graph_module import _USER_PRESERVED_ATTRIBUTES_KEY
 
 from mqbench.backends.registry import BackendType, ParamsTable, resolve_backend
+from mqbench.backends.spec import check_float_layers
 from mqbench.custom_quantizer.model_quantizer import build_model_quantizer
 from mqbench.custom_quantizer.qconfig import QConfigPair, resolve_qconfig
 from mqbench.fake_quantize import FakeQuantizeDict
 from mqbench.fake_quantize.quantize_base import QuantizeBase
 from mqbench.nn.intrinsic.qat import freeze_bn_stats
+from mqbench.nn.modules.norms import norm_classes
 from mqbench.observer import ObserverDict
 from mqbench.utils.config import check_keys
 from mqbench.utils.export_capture import CAPTURE_ATTRIBUTE, CAPTURES, DYNAMIC_AXES, export_capture, trace_or_export
@@ -63,6 +65,7 @@ CONFIG_KEYS = (
     "leaf_module",
     "reduce_range",
     "quantizer_bits",
+    "float_layers",
     "capture",
     "example_inputs",
     "dynamic_shapes",
@@ -288,7 +291,9 @@ def prepare_by_platform(
             model is called with while capturing with ``torch.export`` (a tensor, a tuple of
             positional arguments or a dict of keyword arguments); ``dynamic_shapes`` as
             ``torch.export.export`` takes them (default: batch, and the sequence of integer
-            inputs, ``Dim.AUTO``).
+            inputs, ``Dim.AUTO``). ``float_layers``: the roles of layers left float, ``"lm_head"`` (a
+            language model's projection onto its vocabulary) and ``"embedding"``, instead of the backend's
+            ``BackendSpec.float_layers`` (the LLM backends keep both float; ``[]`` quantizes them).
         custom_tracer: a ``torch.fx.Tracer`` instance (e.g. transformers' ``HFTracer()``).
         is_qat: fold BatchNorm while training (True) or into the weights now (False);
             None follows ``model.training``.
@@ -323,10 +328,14 @@ def prepare_by_platform(
         config["example_inputs"] = _as_float32(config["example_inputs"])
     if is_qat is None:
         is_qat = training
-    leaf_modules = tuple(config.get("leaf_module", ()))
+    # a model family's own norm classes (LlamaRMSNorm, ...) stay whole, as nn.LayerNorm does: one node for the
+    # rotation to fold into, not a tangle of pow / mean / rsqrt
+    leaf_modules = tuple(config.get("leaf_module", ())) + norm_classes(model)
     quantizer = build_model_quantizer(spec, config.get("extra_quantizer_dict"), config.get("extra_fuse_dict"))
     if "quantizer_bits" in config:  # part of the plan: each named quantizer is built at its width
         quantizer.quantizer_bits = config["quantizer_bits"]
+    if "float_layers" in config:  # the roles left float, instead of the backend's (BackendSpec.float_layers)
+        quantizer.float_layers = check_float_layers(config["float_layers"], "prepare_custom_config_dict")
     with _garbage_collection_paused():  # graph passes allocate many small objects; collect once afterwards
         graph_module, captured_by = _capture(model, config, leaf_modules, custom_tracer)
         prepared = quantizer.prepare(graph_module, qconfig, bool(is_qat))

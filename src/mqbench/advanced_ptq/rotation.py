@@ -59,9 +59,11 @@ from torch import Tensor, fx, nn
 from mqbench.advanced_ptq.calibration import calibrate, recipe_of
 from mqbench.advanced_ptq.reconstruction import calibration_batches
 from mqbench.advanced_ptq.weight_only import config_with
+from mqbench.nn.modules.norms import Norm, norm_of
 from mqbench.nn.modules.rms_norm import RMSNorm
 from mqbench.utils.logger import logger
 from mqbench.utils.state import is_quantizer
+from mqbench.utils.tied import shared_weights
 
 __all__ = [
     "ROTATION_DEFAULTS",
@@ -85,6 +87,9 @@ _SHAPE_METHODS = {"size", "dim"}
 _ACTIVATION_FUNCTIONS = {
     *(F.gelu, F.relu, F.relu6, F.leaky_relu, F.silu, F.mish, F.hardswish, F.elu, F.selu),
     *(torch.sigmoid, torch.tanh, torch.relu, operator.mul, torch.mul),
+    # as the export capture leaves the activation functions the placement rules have no kind for
+    *(torch.ops.aten.silu.default, torch.ops.aten.gelu.default, torch.ops.aten.gelu_.default),
+    *(torch.ops.aten.silu_.default, torch.ops.aten.tanh.default, torch.ops.aten.sigmoid.default),
 }
 _ACTIVATION_METHODS = {"mul", "sigmoid", "tanh", "relu"}
 _ACTIVATION_MODULES: tuple[type[nn.Module], ...] = (
@@ -163,7 +168,7 @@ class Stream:
     dim: int
     values: list[fx.Node] = field(default_factory=list)
     writers: dict[str, Any] = field(default_factory=dict)  # Linear / Embedding modules, by name
-    norms: dict[str, Any] = field(default_factory=dict)  # LayerNorm / RMSNorm modules, by name
+    norms: dict[str, Norm] = field(default_factory=dict)  # what each norm computes, by the norm module's name
     readers: dict[str, list[str]] = field(default_factory=dict)  # norm name -> Linear names reading it
 
 
@@ -183,6 +188,41 @@ def _is_shape_read(node: fx.Node) -> bool:
     )
 
 
+_RESHAPES = {"view", "reshape", "unflatten", "transpose"}
+
+
+def _per_head(norm: fx.Node, modules: Mapping[str, nn.Module]) -> bool:
+    """A norm of attention heads' features (Qwen3's and OLMo2's query / key norms): its input is a projection's
+    output split into heads, not a residual stream; the rotation leaves it alone (the projection's output is not
+    rotated)."""
+    value = norm.args[0] if norm.args else None
+    while isinstance(value, fx.Node) and (module := _module(value, modules)) is not None and is_quantizer(module):
+        value = value.args[0]
+    if not isinstance(value, fx.Node) or value.op not in ("call_function", "call_method"):
+        return False
+    name = value.target if value.op == "call_method" else getattr(value.target, "__name__", "")
+    return str(name) in _RESHAPES or getattr(value.target, "_opname", None) in _RESHAPES
+
+
+def _selects_rows(node: fx.Node) -> bool:
+    """``x[index]`` that keeps the last dimension whole (the positions a causal LM computes logits for): it commutes
+    with the rotation, which acts on the last dimension only."""
+    if node.op != "call_function" or node.target is not operator.getitem or len(node.args) != 2:
+        return False
+    value, index = node.args[0].meta.get("val") if isinstance(node.args[0], fx.Node) else None, node.args[1]
+    parts = index if isinstance(index, tuple) else (index,)
+    if not isinstance(value, Tensor) or not all(isinstance(p, (slice, int)) for p in parts):
+        return False
+    last = parts[-1]
+    whole_last = (
+        isinstance(last, slice)
+        and last.start in (None, 0)
+        and last.step in (None, 1)
+        and (last.stop is None or bool(last.stop >= value.shape[-1]))
+    )
+    return len(parts) < value.dim() or whole_last
+
+
 def _is_add(node: fx.Node) -> bool:
     is_add = (node.op == "call_function" and node.target in _ADDS) or (
         node.op == "call_method" and node.target == "add"
@@ -191,10 +231,8 @@ def _is_add(node: fx.Node) -> bool:
 
 
 def _norm_width(module: nn.Module) -> int | None:
-    if isinstance(module, (nn.LayerNorm, nn.RMSNorm)):
-        shape = tuple(module.normalized_shape)
-        return shape[0] if len(shape) == 1 else None
-    return None
+    norm = norm_of(module)
+    return norm.width if norm is not None else None
 
 
 def _describe(node: fx.Node) -> str:
@@ -258,7 +296,7 @@ def _readers(norm: fx.Node, modules: Mapping[str, nn.Module], dim: int) -> list[
         module = _module(user, modules)
         if _is_shape_read(user):
             continue
-        if module is not None and is_quantizer(module):
+        if (module is not None and is_quantizer(module)) or _selects_rows(user):
             pending.extend(user.users)
         elif isinstance(module, nn.Linear) and module.in_features == dim and user.args[0] is not None:
             found.append(str(user.target))
@@ -280,25 +318,25 @@ def residual_streams(model: fx.GraphModule) -> list[Stream]:
     streams: dict[int, Stream] = {}
     for node in model.graph.nodes:
         module = _module(node, modules)
-        width = _norm_width(module) if module is not None else None
-        if width is None or module is None:
+        norm = norm_of(module) if module is not None else None
+        if norm is None or _per_head(node, modules):
             continue
-        stream = streams.setdefault(width, Stream(width))
+        stream = streams.setdefault(norm.width, Stream(norm.width))
         if str(node.target) in stream.norms:
             raise _RefusedError(f"norm '{node.target}' is called more than once; give each call its own module")
-        stream.norms[str(node.target)] = module
+        stream.norms[str(node.target)] = norm
         _trace_stream(node, modules, stream)
-        stream.readers[str(node.target)] = _readers(node, modules, width)
+        stream.readers[str(node.target)] = _readers(node, modules, norm.width)
     if not streams:
         raise _RefusedError(
-            "found no LayerNorm or RMSNorm module (normalizing one last dimension) in the graph: nothing to rotate. "
+            "found no normalization module (LayerNorm, RMSNorm or a model family's own class computing one over the "
+            "last dimension) in the graph: nothing to rotate. "
             "Rotation reads norms as modules (as both torch.fx and the export capture keep them); a norm computed "
             "by functions in forward (F.layer_norm, or by hand) is not seen. {'residual': False} rotates only the "
             "MLPs' down-projection inputs"
         )
     for stream in streams.values():
-        kinds = {type(m) for m in stream.norms.values()}
-        if len(kinds) > 1:
+        if len({norm.centered for norm in stream.norms.values()}) > 1:
             raise _RefusedError(f"the stream of width {stream.dim} mixes LayerNorm and RMSNorm; rotate one kind only")
         _check_users(stream, modules)
     return list(streams.values())
@@ -311,7 +349,7 @@ def _set(module: nn.Module, name: str, value: Tensor) -> None:
 
 def _rotate_stream(model: fx.GraphModule, stream: Stream, rotation: Tensor) -> None:
     modules: dict[str, Any] = dict(model.named_modules())
-    layer_norm = any(isinstance(m, nn.LayerNorm) for m in stream.norms.values())
+    layer_norm = any(norm.centered for norm in stream.norms.values())
     d = stream.dim
     center = torch.eye(d, dtype=torch.float64) - (1.0 / d if layer_norm else 0.0)
     new: dict[tuple[str, str], Tensor] = {}
@@ -324,9 +362,8 @@ def _rotate_stream(model: fx.GraphModule, stream: Stream, rotation: Tensor) -> N
             if module.bias is not None:
                 new[name, "bias"] = rotation.T @ center @ module.bias.detach().double()
     for norm_name, norm in stream.norms.items():
-        gain = norm.weight.detach().double() if norm.weight is not None else torch.ones(d, dtype=torch.float64)
-        shift = getattr(norm, "bias", None)
-        shift = shift.detach().double() if shift is not None else torch.zeros(d, dtype=torch.float64)
+        gain = norm.gain if norm.gain is not None else torch.ones(d, dtype=torch.float64)
+        shift = norm.shift if norm.shift is not None else torch.zeros(d, dtype=torch.float64)
         for name in stream.readers[norm_name]:
             reader = modules[name]
             weight = reader.weight.detach().double()
@@ -343,9 +380,8 @@ def _rotate_stream(model: fx.GraphModule, stream: Stream, rotation: Tensor) -> N
         else:
             _set(module, attribute, value)
     for norm_name, norm in stream.norms.items():
-        eps = norm.eps if norm.eps is not None else torch.finfo(torch.float32).eps
         parent, _, child = norm_name.rpartition(".")
-        replacement = RMSNorm(d, eps=eps, elementwise_affine=False)
+        replacement = RMSNorm(d, eps=norm.eps, elementwise_affine=False)
         setattr(model.get_submodule(parent) if parent else model, child, replacement)
 
 
@@ -451,7 +487,14 @@ def hadamard_rotation(model: fx.GraphModule, cali_data: Any, config: Mapping[str
         raise ValueError(f"hadamard_rotation cannot rotate this model: {error}") from None
     except ValueError as error:
         raise ValueError(f"hadamard_rotation: {error}") from None
-    report: dict[str, Any] = {"rotation": cfg["rotation"], "streams": [], "online": sorted(online)}
+    # a tied weight (the output layer's weight is the embedding table) gets one rotated copy per holder: the
+    # embedding is a writer (E Q), the output layer a reader (W diag(g) Q)
+    shared = shared_weights(model)
+    changed = {name for stream, _ in plans for names in (stream.writers, *stream.readers.values()) for name in names}
+    untied = sorted(name for name in changed | set(online) if name in shared)
+    if untied:
+        logger.info("hadamard_rotation: untied the weights of %s (each holder gets its own rotated copy)", untied)
+    report: dict[str, Any] = {"rotation": cfg["rotation"], "streams": [], "online": sorted(online), "untied": untied}
     for stream, Q in plans:
         _rotate_stream(model, stream, Q)
         report["streams"].append(

@@ -156,7 +156,11 @@ def _nodes_of(value: Any) -> list[fx.Node]:
 
 
 def _module_calls(
-    source: fx.Graph, modules: Mapping[str, nn.Module], leaves: tuple[type, ...], lifted: Mapping[str, str]
+    source: fx.Graph,
+    modules: Mapping[str, nn.Module],
+    leaves: tuple[type, ...],
+    lifted: Mapping[str, str],
+    aliases: Mapping[str, tuple[str, ...]],
 ) -> tuple[dict[fx.Node, Any], dict[Any, tuple[fx.Node, fx.Node]]]:
     """Which call of a kept-whole module each node of export's graph belongs to, and the calls that become one
     ``call_module`` node: those with one input other than their own parameters and one output, their last node."""
@@ -178,13 +182,47 @@ def _module_calls(
             for arg in _nodes_of((node.args, node.kwargs)):
                 if arg in inside or arg in inputs:
                     continue
-                if arg.op == "placeholder" and str(lifted.get(arg.name, "")).startswith(own):
+                names = aliases.get(str(lifted.get(arg.name, "")), ())
+                if arg.op == "placeholder" and any(name.startswith(own) for name in names):
                     continue
                 inputs.append(arg)
-        outputs = [node for node in nodes if any(user not in inside for user in node.users)]
+        # export's metadata assertions read values inside a call without being part of it (they are dropped)
+        outputs = [
+            node for node in nodes if any(user not in inside and user.target not in _ASSERTIONS for user in node.users)
+        ]
         if len(inputs) == 1 and len(outputs) == 1 and outputs[0] is nodes[-1]:
             whole[call] = (inputs[0], outputs[0])
     return calls, whole
+
+
+_CASTS = frozenset({aten.to.dtype, aten.to.dtype_layout, aten.to.device})
+
+
+def _drop_identity_casts(graph: fx.Graph) -> None:
+    """Casts to the dtype and device a value has already (``x.to(torch.float32)`` on float32, as a norm class
+    writes to compute in float32 whatever it is given) are that value: ``Tensor.to`` returns its input itself. Their
+    readers read the value, so that a residual connection saved before such a cast does not read it from inside the
+    norm that casts (which would keep that norm from being one module call)."""
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target not in _CASTS or not isinstance(node.args[0], fx.Node):
+            continue
+        before, after = node.args[0].meta.get("val"), node.meta.get("val")
+        if not isinstance(before, torch.Tensor) or not isinstance(after, torch.Tensor):
+            continue
+        if before.dtype == after.dtype and before.device == after.device:
+            node.replace_all_uses_with(node.args[0])
+            graph.erase_node(node)
+
+
+def _own_name(placeholder: fx.Node, name: str, aliases: Mapping[str, tuple[str, ...]]) -> str:
+    """The name a lifted tensor is read by: of a tied one (export lifts it under one of its names), the name under
+    the module whose code reads it (an embedding function reads the table as ``embed_tokens.weight``, not as the
+    output layer's weight), so that giving one holder its own tensor later leaves the others reading theirs."""
+    names = aliases.get(name, ())
+    if len(names) < 2:
+        return name
+    paths = {entry[0] for user in placeholder.users for entry in (user.meta.get("nn_module_stack") or {}).values()}
+    return next((other for other in names if other.rpartition(".")[0] in paths), name)
 
 
 # -- capture --------------------------------------------------------------------------------------------------
@@ -221,6 +259,7 @@ def export_capture(
     leaves = tuple(leaf_modules)
     program = _export(model, args, kwargs, dynamic_shapes)
     _inline_wrappers(program.graph_module)
+    _drop_identity_casts(program.graph)
     signature = program.graph_signature
     unsupported = [spec.kind.name for spec in signature.output_specs if spec.kind.name != "USER_OUTPUT"]
     if unsupported:
@@ -238,7 +277,13 @@ def export_capture(
     constants = dropouts = 0
     source = program.graph
 
-    calls, whole = _module_calls(source, modules, leaves, lifted)
+    # a tied parameter (an embedding table that is also the output layer's weight) is lifted under one of its names:
+    # it is each of its modules' own
+    shared: dict[int, list[str]] = {}
+    for name, tensor in (*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)):
+        shared.setdefault(id(tensor), []).append(name)
+    aliases = {name: tuple(names) for names in shared.values() for name in names}
+    calls, whole = _module_calls(source, modules, leaves, lifted, aliases)
     user_inputs = _user_inputs(model, args, kwargs, [n for n in source.nodes if n.op == "placeholder"], lifted, graph)
 
     for node in source.nodes:
@@ -247,7 +292,7 @@ def export_capture(
                 env[node] = user_inputs[node]
                 continue
             if node.name in lifted:
-                target = lifted[node.name]
+                target = _own_name(node, lifted[node.name], aliases)
                 if node.name in signature.inputs_to_lifted_tensor_constants:
                     target = f"_export_constant_{constants}"
                     constants += 1
