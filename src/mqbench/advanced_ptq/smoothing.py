@@ -49,6 +49,7 @@ from torch import Tensor, fx, nn
 from mqbench.advanced_ptq.reconstruction import calibration_batches, call_with
 from mqbench.fake_quantize.quantize_base import QuantizeBase
 from mqbench.utils.logger import logger
+from mqbench.utils.tied import shared_weights
 
 __all__ = ["ALPHAS", "ChannelScale", "fresh_copy", "restore_smoothing", "smooth_quant"]
 
@@ -167,6 +168,8 @@ def smooth_quant(
     if alpha is not None and not 0.0 <= alpha <= 1.0:
         raise ValueError(f"alpha must be in [0, 1] (or None to search it per quantizer), got {alpha}")
     modules = dict(model.named_modules())
+    names = {id(module): name for name, module in modules.items()}
+    shared = shared_weights(model)
     groups: dict[fx.Node, list[nn.Linear]] = {}
     for node in model.graph.nodes:
         quantizer = modules.get(str(node.target)) if node.op == "call_module" else None
@@ -176,7 +179,15 @@ def smooth_quant(
         if source.op == "call_module" and isinstance(modules.get(str(source.target)), ChannelScale):
             continue  # smoothed already
         layers = _linear_readers(node, modules)
-        if layers is not None:
+        tied = [names[id(layer)] for layer in layers or () if names[id(layer)] in shared]
+        if tied:  # scaling its columns would scale the other holders' weight too (an embedding table's rows)
+            logger.warning(
+                "smooth_quant: %s not smoothed: %s share(s) the weight with %s (tied)",
+                node.target,
+                ", ".join(tied),
+                ", ".join(other for name in tied for other in shared[name]),
+            )
+        elif layers is not None:
             groups[node] = layers
     if not groups:
         logger.info("smooth_quant: no activation quantizer read only by linear layers")

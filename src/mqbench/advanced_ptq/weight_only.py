@@ -21,6 +21,9 @@ from mqbench.advanced_ptq.smoothing import fresh_copy
 from mqbench.fake_quantize.quantize_base import QuantizeBase
 from mqbench.functional import from_groups, to_groups
 from mqbench.utils.config import check_keys
+from mqbench.utils.logger import logger
+from mqbench.utils.state import calibrate_weights
+from mqbench.utils.tied import shared_weights
 
 __all__ = [
     "Layer",
@@ -65,6 +68,7 @@ def linear_sites(model: nn.Module, names: Sequence[str] | None = None, what: str
     if not isinstance(model, fx.GraphModule):
         raise ValueError(f"{what} takes the model prepare_by_platform returned, got {type(model).__name__}")
     modules = dict(model.named_modules())
+    shared = shared_weights(model)
     sites: dict[fx.Node, Site] = {}
     found = set()
     for node in model.graph.nodes:
@@ -77,6 +81,10 @@ def linear_sites(model: nn.Module, names: Sequence[str] | None = None, what: str
         if not quantizer._switch("fake_quant"):
             continue
         if names is not None and str(node.target) not in names:
+            continue
+        if str(node.target) in shared:  # rounding or scaling it in place would change the others too
+            others = ", ".join(shared[str(node.target)])
+            logger.warning("%s: %s shares its weight with %s (tied); left to its quantizer", what, node.target, others)
             continue
         found.add(str(node.target))
         site = sites.setdefault(node.args[0], Site(node.args[0]))
@@ -157,26 +165,6 @@ def token_mask(batch: Any) -> Tensor | None:
     if isinstance(mask, Tensor) and mask.dim() == 2 and not bool(mask.all()):
         return mask != 0
     return None
-
-
-def calibrate_weights(model: nn.Module) -> list[str]:
-    """Calibrate every enabled weight quantizer that has observed nothing on its own weight (weights need no data);
-    the names calibrated."""
-    done = []
-    for name, module in model.named_modules():
-        quantizer = getattr(module, "weight_fake_quant", None)
-        weight = getattr(module, "weight", None)
-        if not isinstance(quantizer, QuantizeBase) or not isinstance(weight, Tensor):
-            continue
-        if not quantizer._switch("fake_quant") or quantizer.activation_post_process.calibrated:
-            continue
-        observer = quantizer._switch("observer")
-        quantizer.enable_observer()
-        with torch.no_grad():
-            quantizer(weight.detach())
-        quantizer.enable_observer(observer)
-        done.append(f"{name}.weight_fake_quant")
-    return done
 
 
 def grid_qparams(quantizer: QuantizeBase, weight: Tensor) -> tuple[Tensor, Tensor]:

@@ -24,7 +24,8 @@ from mqbench.functional import fake_quantize, fake_quantize_for_export, from_gro
 from mqbench.grids import grid_of
 from mqbench.nn.intrinsic.qat.modules.bn_folding import BnFoldingModule
 from mqbench.qparams import TensorQParams, float32_refusal
-from mqbench.utils.state import UncalibratedError, quantizers
+from mqbench.utils.state import UncalibratedError, calibrate_weights, quantizers
+from mqbench.utils.tied import shared_weights
 
 __all__ = [
     "FrozenQuantizer",
@@ -197,6 +198,7 @@ def freeze_quantizers(model: nn.Module) -> nn.Module:
     Raises :class:`UncalibratedError` naming every enabled quantizer that never saw data, and
     ValueError for a quantizer whose qparams depend on each input (no fixed deployed form).
     """
+    calibrate_weights(model)  # weights need no data: a weight quantizer that never observed reads its weight now
     missing = uncalibrated_quantizers(model)
     if missing:
         shown = ", ".join(missing[:10]) + (f" and {len(missing) - 10} more" if len(missing) > 10 else "")
@@ -205,6 +207,7 @@ def freeze_quantizers(model: nn.Module) -> nn.Module:
             "under mqbench.utils.state.enable_calibration(model) (or load a calibrated state dict) before deploying."
         )
     degenerate: list[str] = []
+    shared = shared_weights(model)
     for name, found in list(quantizers(model)):
         quantizer = typing.cast(QuantizeBase, found)
         if not quantizer._switch("fake_quant"):
@@ -231,7 +234,10 @@ def freeze_quantizers(model: nn.Module) -> nn.Module:
                     # on the grid itself (q - z) * s, as the simulation quantizes it: every format and runtime
                     # then recovers the same integers, with no rounding tie left to decide
                     weight = frozen(weight)
-                parameter.copy_(weight)
+                if name.rpartition(".")[0] in shared:  # tied: the other holders (an embedding table) keep theirs
+                    owner.weight = nn.Parameter(weight, requires_grad=parameter.requires_grad)
+                else:
+                    parameter.copy_(weight)
         set_submodule(model, name, frozen)
     if degenerate:
         warnings.warn(
