@@ -21,4 +21,5 @@ SPEC = BackendSpec(
     description="weight-only 4-bit, symmetric groups of 128 input channels, activations float (W4A16)",
     deploy=("matmulnbits_onnx",),
     weight_only=True,
+    float_layers=("lm_head", "embedding"),  # as LLM runtimes serve them; float_layers: [] quantizes them
 )

@@ -20,7 +20,29 @@ from mqbench.observer import ObserverDict
 from mqbench.scheme import QuantScheme
 from mqbench.utils.factory import Factory
 
-__all__ = ["OP_KINDS", "BackendSpec", "PTQRecipe", "Placement", "QuantizerSpec"]
+__all__ = [
+    "FLOAT_LAYER_ROLES",
+    "OP_KINDS",
+    "BackendSpec",
+    "PTQRecipe",
+    "Placement",
+    "QuantizerSpec",
+    "check_float_layers",
+]
+
+# The roles of layers a backend (or prepare_custom_config_dict["float_layers"]) can leave float.
+FLOAT_LAYER_ROLES = ("lm_head", "embedding")
+
+
+def check_float_layers(value: Any, where: str) -> tuple[str, ...]:
+    """``value`` as a tuple of roles of :data:`FLOAT_LAYER_ROLES`; ``ValueError`` naming ``where`` otherwise."""
+    if isinstance(value, str) or not isinstance(value, (list, tuple, set, frozenset)):
+        raise ValueError(f"{where}: float_layers must be a list of roles from {list(FLOAT_LAYER_ROLES)}, got {value!r}")
+    unknown = [role for role in value if role not in FLOAT_LAYER_ROLES]
+    if unknown:
+        raise ValueError(f"{where}: float_layers has unknown roles {unknown}; valid: {list(FLOAT_LAYER_ROLES)}")
+    return tuple(role for role in FLOAT_LAYER_ROLES if role in value)
+
 
 # The op kinds placement rules speak of (see mqbench.custom_quantizer.ops for how nodes map to them).
 OP_KINDS = frozenset(
@@ -226,10 +248,16 @@ class BackendSpec:
     ptq_recipe: PTQRecipe = PTQRecipe()
     # Weights only: activations stay float (W4A16, W8A16); ``activation`` is None and needs no user settings.
     weight_only: bool = False
+    # Layers left float by role (FLOAT_LAYER_ROLES): "lm_head", a language model's projection onto its vocabulary
+    # (a Linear writing a model output, as wide as an Embedding table's vocabulary), and "embedding", its Embedding
+    # tables. The LLM formats keep both float, as their runtimes do; prepare_custom_config_dict["float_layers"]
+    # overrides it ([] quantizes them).
+    float_layers: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "deploy", tuple(self.deploy))
         object.__setattr__(self, "mixed_precision_bits", tuple(self.mixed_precision_bits))
+        object.__setattr__(self, "float_layers", check_float_layers(self.float_layers, f"backend {self.name!r}"))
         if not self.name or self.name != self.name.lower():
             raise ValueError(f"backend names are lowercase and non-empty, got {self.name!r}")
         if self.weight_only and (self.weight is None or self.activation is not None or self.placement != Placement()):

@@ -22,4 +22,5 @@ SPEC = replace(
     description="NVIDIA TensorRT, explicit FP8 (E4M3) quantization",
     deploy=(),
     ptq_recipe=PTQRecipe(),
+    float_layers=("lm_head", "embedding"),  # as LLM runtimes serve them; float_layers: [] quantizes them
 )

@@ -24,4 +24,5 @@ SPEC = replace(
     deploy=("clip_ranges", "calib_cache"),
     smooth_linear_inputs=True,
     ptq_recipe=PTQRecipe(),  # clipping the outlier channels of LayerNorm outputs costs more than it gains
+    float_layers=("lm_head", "embedding"),  # as LLM runtimes serve them; float_layers: [] quantizes them
 )

@@ -20,6 +20,7 @@ from torch import fx, nn
 
 from mqbench.backends.registry import ParamsTable, backend_key, pending_model_quantizers
 from mqbench.backends.spec import BackendSpec
+from mqbench.custom_quantizer.float_layers import float_layer_reason, float_layer_roles
 from mqbench.custom_quantizer.ops import FUNCTION_KINDS, METHOD_KINDS, MODULE_KINDS, edge_layers, node_kind
 from mqbench.custom_quantizer.placement import ActivationSite, Rules
 from mqbench.custom_quantizer.plan import FrontEnd, prepare_graph
@@ -64,6 +65,8 @@ class ModelQuantizer:
     # quantizer name -> bit width: part of the plan, each named quantizer is built at its width
     # (prepare_custom_config_dict["quantizer_bits"]; prepare_by_platform sets it)
     quantizer_bits: Mapping[str, int] = {}
+    # the roles of layers left float (prepare_custom_config_dict["float_layers"]; None: the backend's float_layers)
+    float_layers: tuple[str, ...] | None = None
 
     # The backend whose spec a quantizer built MQBench's way (without a spec) follows; None: the one
     # prepare_by_platform is preparing for (it sets ``spec`` after building the quantizer).
@@ -256,9 +259,15 @@ class _PlacementFrontEnd(FrontEnd):
         self._excluded = quantizer._excluded(model)
         self.edges: set[fx.Node] = set()
         self.modules: dict[str, nn.Module] = {}
+        roles = quantizer.float_layers if quantizer.float_layers is not None else self.spec.float_layers
+        self.float_roles = {node.name: role for node, role in float_layer_roles(model, roles).items()}
 
     def excluded(self, node: fx.Node) -> bool:
-        return self._excluded(node)
+        return node.name in self.float_roles or self._excluded(node)
+
+    def excluded_reason(self, node: fx.Node) -> str:
+        role = self.float_roles.get(node.name)
+        return float_layer_reason(role) if role is not None else super().excluded_reason(node)
 
     def fusion(self) -> tuple[Mapping[Any, Callable[..., nn.Module]], Callable[[fx.Node], bool]]:
         if not self.spec.fuse:
@@ -287,7 +296,7 @@ class _PlacementFrontEnd(FrontEnd):
         return factory
 
     def rules(self, gm: fx.GraphModule) -> Rules:
-        return Rules(self.spec.placement, self.quantizer._quantizes_input(dict(gm.named_modules())), self._excluded)
+        return Rules(self.spec.placement, self.quantizer._quantizes_input(dict(gm.named_modules())), self.excluded)
 
     def activation_quantizer(self, site: ActivationSite) -> Factory:
         if self.qconfig.activation is None:

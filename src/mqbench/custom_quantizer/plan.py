@@ -205,6 +205,10 @@ class FrontEnd:
         """The user's exclusions: such a node is neither fused nor quantized."""
         return False
 
+    def excluded_reason(self, node: fx.Node) -> str:
+        """Why an excluded node stays float."""
+        return EXCLUDED
+
     def declared_decisions(self) -> Mapping[str, NodeDecision]:
         """Decisions the front end made itself (by node name); the engine derives the others."""
         return {}
@@ -414,7 +418,7 @@ def _decide_nodes(gm: fx.GraphModule, front_end: FrontEnd, modules: Mapping[str,
         if node.users and (_quantized_for_all(node) or all(node.name in annotated_inputs(user) for user in node.users)):
             parts.append("output")
         if front_end.excluded(node):
-            annotation.decision = NodeDecision(node.name, name, False, EXCLUDED)
+            annotation.decision = NodeDecision(node.name, name, False, front_end.excluded_reason(node))
         elif "weights" in parts or "inputs" in parts:  # it computes on quantized values
             listed = ", ".join(parts[:-1]) + " and " + parts[-1] if len(parts) > 1 else parts[0]
             annotation.decision = NodeDecision(node.name, name, True, f"{listed} quantized", name)

@@ -32,6 +32,7 @@ __all__ = [
     "Quantizer",
     "UncalibratedError",
     "all_switched_off",
+    "calibrate_weights",
     "disable_all",
     "enable_all",
     "enable_calibration",
@@ -131,8 +132,30 @@ def integer_quantizers(model: nn.Module, args: Sequence[Any], kwargs: dict[str, 
     return [name for name, kinds in floating.items() if kinds == {False}]
 
 
+def calibrate_weights(model: nn.Module) -> list[str]:
+    """Calibrate every enabled weight quantizer that has observed nothing on its own weight (weights need no data);
+    the names calibrated."""
+    done = []
+    for name, module in model.named_modules():
+        quantizer = getattr(module, "weight_fake_quant", None)
+        weight = getattr(module, "weight", None)
+        if quantizer is None or not is_quantizer(quantizer) or not isinstance(weight, Tensor):
+            continue
+        if not bool(quantizer.fake_quant_enabled[0]) or getattr(quantizer.activation_post_process, "calibrated", True):
+            continue
+        observer = bool(quantizer.observer_enabled[0])
+        quantizer.enable_observer()
+        with torch.no_grad():
+            quantizer(weight.detach())
+        quantizer.enable_observer(observer)
+        done.append(f"{name}.weight_fake_quant")
+    return done
+
+
 def _check_calibrated(model: nn.Module, args: Any, kwargs: dict[str, Any]) -> None:
-    """Forward pre-hook of :func:`enable_quantization`: fail before the first layer, naming every culprit."""
+    """Forward pre-hook of :func:`enable_quantization`: weight quantizers that never observed calibrate on their own
+    weights (rounding to nearest needs no data); fail before the first layer, naming every other culprit."""
+    calibrate_weights(model)
     missing = uncalibrated_quantizers(model)
     if missing:  # quantizers of integer tensors have nothing to calibrate
         integer = set(integer_quantizers(model, args, kwargs))
@@ -185,8 +208,9 @@ def enable_calibration(model: nn.Module) -> None:
 def enable_quantization(model: nn.Module) -> None:
     """Observers off, fake quantization on: the model simulates the quantized hardware.
 
-    Quantizers that never saw data have no parameters to quantize with: if any remain
-    uncalibrated at the next forward, it raises :class:`UncalibratedError` naming them.
+    Weight quantizers that never saw data calibrate on their own weights at the next forward (a weight-only
+    model rounds to nearest with no calibration data); activation quantizers that never saw data have no
+    parameters to quantize with: the next forward raises :class:`UncalibratedError` naming them.
     """
     _set(model, observer=False, fake_quant=True)
     installed = any(hook is _check_calibrated for hook in model._forward_pre_hooks.values())
