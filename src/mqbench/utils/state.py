@@ -153,9 +153,7 @@ def calibrate_weights(model: nn.Module) -> list[str]:
 
 
 def _check_calibrated(model: nn.Module, args: Any, kwargs: dict[str, Any]) -> None:
-    """Forward pre-hook of :func:`enable_quantization`: weight quantizers that never observed calibrate on their own
-    weights (rounding to nearest needs no data); fail before the first layer, naming every other culprit."""
-    calibrate_weights(model)
+    """Forward pre-hook of :func:`enable_quantization`: fail before the first layer, naming every culprit."""
     missing = uncalibrated_quantizers(model)
     if missing:  # quantizers of integer tensors have nothing to calibrate
         integer = set(integer_quantizers(model, args, kwargs))
@@ -208,11 +206,12 @@ def enable_calibration(model: nn.Module) -> None:
 def enable_quantization(model: nn.Module) -> None:
     """Observers off, fake quantization on: the model simulates the quantized hardware.
 
-    Weight quantizers that never saw data calibrate on their own weights at the next forward (a weight-only
-    model rounds to nearest with no calibration data); activation quantizers that never saw data have no
+    Weight quantizers that never saw data calibrate on their own weights now (a weight-only model rounds to
+    nearest with no calibration data); activation quantizers that never saw data have no
     parameters to quantize with: the next forward raises :class:`UncalibratedError` naming them.
     """
     _set(model, observer=False, fake_quant=True)
+    calibrate_weights(model)
     installed = any(hook is _check_calibrated for hook in model._forward_pre_hooks.values())
     if not installed and uncalibrated_quantizers(model):
         model.register_forward_pre_hook(_check_calibrated, with_kwargs=True)

@@ -137,10 +137,6 @@ class QATModule(nn.Module):
         finally:
             _SKIP_RESET.reset(token)
         copy_layer_parameters(qat, layer)
-        if isinstance(mod, nn.Linear) and isinstance(layer.weight, nn.Parameter):
-            # the float layer's own Parameter, as torch's QAT modules take it: a weight tied to another module
-            # (a language model's embedding table) stays one tensor, trained and transformed as one
-            qat.weight = layer.weight
         for part in parts[1:]:
             setattr(qat, "bn" if isinstance(part, _BatchNorm) else "relu", copy.deepcopy(part))
         qconfig = getattr(mod, "qconfig", None)
