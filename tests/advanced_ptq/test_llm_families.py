@@ -211,3 +211,19 @@ def test_a_tied_decoder_deploys_and_verifies(backend, float_layers, tmp_path):
     report = verify_deploy(qmodel, result, {"input_ids": _ids(8, 3, 9)})
     assert report.passed, report.failures()
     assert qmodel.lm_head.weight is qmodel.model.embed_tokens.weight  # deploying left the prepared model tied
+
+
+def test_fp8_quantizes_the_inputs_of_matrix_products_only():
+    """FP8 engines run the matrix products in FP8 and the residual adds, gates and rotary multiplications in 16-bit:
+    3 mantissa bits on the residual stream cost SmolLM2 2.7x its perplexity (+3% on the products' inputs alone)."""
+    qmodel = _prepare(_decoder("llama", tied=False), "tensorrt_fp8")
+    modules = dict(qmodel.named_modules())
+    readers = set()
+    for node in qmodel.graph.nodes:
+        if node.op == "call_module" and node.target.endswith("post_act_fake_quantizer"):
+            for user in node.users:
+                module = modules.get(str(user.target)) if user.op == "call_module" else None
+                readers.add(
+                    type(module).__name__ if module is not None else getattr(user.target, "__name__", user.target)
+                )
+    assert readers and readers <= {"Linear", "matmul"}, readers

@@ -92,6 +92,13 @@ def test_the_terminal_summary_shows_the_perplexity(decoder_runs):
     ppl = decoder_runs["gptq"]["perplexity"]
     assert "(weight_only)" in summary and "held-out perplexity (lower is better)" in summary
     assert f"float {ppl['float']:.4f}, simulated {ppl['simulated']:.4f}" in summary and "verify passed" in summary
+    # the byte embeddings and the head onto the 256 bytes stay float on llm_w4a16, and the run says so
+    assert decoder_runs["gptq"]["float_layers"] == {"tokens": "embedding", "positions": "embedding", "head": "lm_head"}
+    assert "left float: tokens, positions, head" in summary
+    report = (Path(decoder_runs["gptq"]["artifacts"]["onnx"]).parents[1] / "report.md").read_text()
+    assert (
+        "Left float by the backend (float_layers): tokens (embedding), positions (embedding), head (lm_head)." in report
+    )
 
 
 @pytest.mark.parametrize(

@@ -23,6 +23,7 @@ from mqbench.advanced_ptq.weight_only import calibrate_weights
 from mqbench.app.config import ConfigError
 from mqbench.app.runs import Run, execute
 from mqbench.backends import PTQRecipe
+from mqbench.custom_quantizer.float_layers import float_layers_of
 from mqbench.observer import ObserverDict
 from mqbench.utils.state import enable_quantization
 
@@ -66,6 +67,9 @@ def quantize_ptq(run: Run, model: nn.Module) -> nn.Module:
     run.extra["method"] = quantize["quantize_type"]
     started = time.perf_counter()
     qmodel = run.prepare(model)
+    left_float = float_layers_of(qmodel)
+    if left_float:  # the backend's float_layers rule (a language model's lm_head and embeddings)
+        run.extra["float_layers"] = left_float
     calibration = run.calibration_batches()
     rotate(run, qmodel, calibration)
     if quantize["quantize_type"] == "weight_only":

@@ -275,6 +275,15 @@ def format_perplexity(value: float | None) -> str:
     return "-" if value is None else f"{value:.4f}"
 
 
+def float_layers_text(results: dict[str, Any]) -> str:
+    """The layers the backend left float by their role, as a sentence ("" for none)."""
+    layers = results.get("float_layers") or {}
+    if not layers:
+        return ""
+    named = ", ".join(f"{name} ({role})" for name, role in layers.items())
+    return f"Left float by the backend (float_layers): {named}."
+
+
 def _method(results: dict[str, Any]) -> str:
     """The run's method, with its weight-rounding algorithm where it has one."""
     algorithm = results.get("algorithm")
@@ -334,6 +343,7 @@ def render_markdown(results: dict[str, Any]) -> str:
         "",
         f"Data: {results['data']['source']} ({results['data']['calibration_samples']} calibration samples, "
         f"{results['data']['val_samples']} validation samples). Method: {_method(results)}.",
+        *([float_layers_text(results)] if results.get("float_layers") else []),
         "",
         "| model | " + " | ".join(columns) + " |",
         "|" + " --- |" * (len(columns) + 1),
@@ -421,6 +431,7 @@ def render_html(results: dict[str, Any]) -> str:
         f"<h1>{html.escape(results['command'])} run: {html.escape(results['model'])} on "
         f"{html.escape(results['backend'])}</h1>",
         f"<p>Data: {html.escape(results['data']['source'])}; method: {html.escape(_method(results))}.</p>",
+        *([f"<p>{html.escape(float_layers_text(results))}</p>"] if results.get("float_layers") else []),
         f"<h2>{shown}</h2>",
         _table(["model", *columns], figures),
         image("accuracy", "accuracy of the float, simulated and deployed models"),

@@ -577,10 +577,11 @@ def describe_results(results: dict[str, Any]) -> str:
         )
     if "perplexity" in results:
         p = results["perplexity"]
+        left_float = ", ".join(results.get("float_layers") or {})
         return (
             f"{results['model']} on {results['backend']} ({results['method']}): held-out perplexity (lower is "
             f"better) float {ppl(p['float'])}, simulated {ppl(p['simulated'])}, deployed {ppl(p['deployed'])} "
-            f"({p['deployed_artifact']}); verify {verdict}"
+            f"({p['deployed_artifact']}); verify {verdict}" + (f"; left float: {left_float}" if left_float else "")
         )
     return (
         f"{results['model']} on {results['backend']} ({results['method']}): float {pct(acc['float'])}, "

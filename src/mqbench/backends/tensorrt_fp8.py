@@ -2,6 +2,10 @@
 
 Weights have one scale per output channel, activations one per tensor, each ``amax / 448`` of what calibration
 saw (FP8's exponent covers the range that an 8-bit integer grid would clip, so no clipping recipe is needed).
+Only the inputs of the matrix products are FP8 (convolutions, linear layers, attention's matmuls), as FP8 engines
+run them: residual adds, gates and rotary multiplications stay in the engine's 16-bit precision. Their values
+span the residual stream's range, and 3 mantissa bits there cost a pretrained LLM (SmolLM2-135M) 2.7x its
+perplexity, against +3% with the products' inputs alone.
 Deployed as the Q/DQ ONNX model TensorRT builds FP8 engines from (opset 19); onnxruntime runs its FP8
 QuantizeLinear / DequantizeLinear on the CPU, so verification runs the file itself.
 """
@@ -9,7 +13,7 @@ QuantizeLinear / DequantizeLinear on the CPU, so verification runs the file itse
 from dataclasses import replace
 
 from mqbench.backends import tensorrt
-from mqbench.backends.spec import PTQRecipe, QuantizerSpec
+from mqbench.backends.spec import Placement, PTQRecipe, QuantizerSpec
 from mqbench.scheme import QuantScheme
 
 __all__ = ["SPEC"]
@@ -19,7 +23,8 @@ SPEC = replace(
     name="tensorrt_fp8",
     weight=QuantizerSpec(QuantScheme(8, symmetric=True, per_channel=True, fp8="e4m3"), "FP8FakeQuantize"),
     activation=QuantizerSpec(QuantScheme(8, symmetric=True, fp8="e4m3"), "FP8FakeQuantize"),
-    description="NVIDIA TensorRT, explicit FP8 (E4M3) quantization",
+    placement=Placement(inputs_of={"conv", "deconv", "linear", "matmul"}, fused_mul_add=True),
+    description="NVIDIA TensorRT, explicit FP8 (E4M3) quantization of the matrix products' inputs",
     deploy=(),
     ptq_recipe=PTQRecipe(),
     float_layers=("lm_head", "embedding"),  # as LLM runtimes serve them; float_layers: [] quantizes them

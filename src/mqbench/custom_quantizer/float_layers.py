@@ -26,7 +26,9 @@ from collections.abc import Mapping, Sequence
 
 from torch import fx, nn
 
-__all__ = ["FLOAT_LAYER_REASONS", "float_layer_reason", "float_layer_roles"]
+from mqbench.custom_quantizer.plan import plan_of
+
+__all__ = ["FLOAT_LAYER_REASONS", "float_layer_reason", "float_layer_roles", "float_layers_of"]
 
 FLOAT_LAYER_REASONS: Mapping[str, str] = {
     "lm_head": "a language model's output projection (lm_head), float on this backend as LLM runtimes keep it",
@@ -97,3 +99,19 @@ def _is_lm_head(layer: nn.Linear, tables: list[nn.Embedding]) -> bool:
 def float_layer_reason(role: str) -> str:
     """Why a layer of ``role`` stays float, and how to quantize it."""
     return FLOAT_LAYER_REASONS[role] + _HINT
+
+
+def float_layers_of(model: fx.GraphModule) -> dict[str, str]:
+    """The layers a prepared ``model`` left float by their role (``BackendSpec.float_layers``), each with its role,
+    as its quantization plan recorded them."""
+    plan = plan_of(model)
+    if plan is None:
+        return {}
+    reasons = {float_layer_reason(role): role for role in FLOAT_LAYER_REASONS}
+    return {
+        str(node.target): reasons[decision.reason]
+        for node in model.graph.nodes
+        if node.op == "call_module"
+        and (decision := plan.decisions.get(node.name)) is not None
+        and decision.reason in reasons
+    }
