@@ -195,7 +195,8 @@ def freeze_quantizers(model: nn.Module) -> nn.Module:
 
     Disabled quantizers become identities (nn.Identity). Weights read by a weight quantizer
     are transformed (:meth:`QuantizeBase.deploy_weight`) and replaced by their quantized values.
-    Raises :class:`UncalibratedError` naming every enabled quantizer that never saw data, and
+    A weight quantizer that never observed calibrates on its own weight first (weights need no data).
+    Raises :class:`UncalibratedError` naming every other enabled quantizer that never saw data, and
     ValueError for a quantizer whose qparams depend on each input (no fixed deployed form).
     """
     calibrate_weights(model)  # weights need no data: a weight quantizer that never observed reads its weight now

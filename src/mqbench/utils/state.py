@@ -2,7 +2,8 @@
 
 Every function walks any module tree (a prepared GraphModule or a hand-built
 model), names each quantizer after its qualified module name (so errors can
-point at it), and returns nothing. ``enable_quantization`` on a model whose
+point at it), and returns nothing. ``enable_quantization`` calibrates weight
+quantizers that never saw data on their own weights; one whose activation
 quantizers never saw data makes its next forward raise :class:`UncalibratedError`
 naming them (unless they were calibrated, or a calibrated state dict loaded, by then).
 

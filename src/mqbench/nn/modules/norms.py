@@ -124,9 +124,9 @@ def norm_of(module: nn.Module) -> Norm | None:
 def norm_classes(model: nn.Module) -> tuple[type[nn.Module], ...]:
     """The classes of ``model``'s modules that :func:`norm_of` recognises and ``torch.nn`` does not define (a
     capture keeps them whole, as it keeps ``nn.LayerNorm``)."""
-    found: dict[type[nn.Module], None] = {}
+    verdicts: dict[type[nn.Module], bool] = {}  # one instance decides for its class: each is probed once
     for module in model.modules():
         kind = type(module)
-        if kind not in found and not kind.__module__.startswith("torch.") and norm_of(module) is not None:
-            found[kind] = None
-    return tuple(found)
+        if kind not in verdicts and not kind.__module__.startswith("torch."):
+            verdicts[kind] = norm_of(module) is not None
+    return tuple(kind for kind, is_norm in verdicts.items() if is_norm)
