@@ -68,8 +68,8 @@ def test_w8a8_transforms_keep_the_float_function_and_land_near_float(cut, transf
         calibrate(qmodel, calibration, smooth=True)
     enable_quantization(qmodel)
     reference, simulated = _logits(model, held), _logits(qmodel, held)
-    cosine = torch.nn.functional.cosine_similarity(reference.flatten(), simulated.flatten(), dim=0)
-    assert cosine > 0.99, float(cosine)  # measured: 0.998 smoothed, 0.999 rotated then smoothed
+    cosine = torch.nn.functional.cosine_similarity(reference.flatten().double(), simulated.flatten().double(), dim=0)
+    assert cosine > 0.99, float(cosine)  # measured: 0.9961 smoothed, 0.99986 rotated then smoothed
     disable_all(qmodel)
     bound = 1e-5 * float(reference.abs().max())
     torch.testing.assert_close(_logits(qmodel, held), reference, rtol=0, atol=bound)
