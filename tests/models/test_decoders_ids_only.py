@@ -49,6 +49,25 @@ def test_a_decoder_called_with_token_ids_alone_deploys_and_verifies(name, tmp_pa
     assert report.passed, report.failures()
 
 
+@pytest.mark.parametrize("name", ["llama", "gpt2"])
+def test_one_prompt_captures_a_model_that_takes_batches(name, tmp_path):
+    """Export fixes a dimension of size 1: one prompt is captured twice over, so that the prepared model calibrates
+    on batches of windows and its files take any batch."""
+    model = _decoder(name)
+    qmodel = prepare_by_platform(model, "tensorrt_nlp", {"example_inputs": {"input_ids": _ids(8, seed=1)}})
+    batch = torch.randint(0, VOCAB, (4, 6), generator=torch.Generator().manual_seed(4))
+    enable_calibration(qmodel)
+    with torch.no_grad():
+        qmodel(input_ids=batch)
+    enable_quantization(qmodel)
+    with torch.no_grad():
+        assert qmodel(input_ids=batch[:3]).logits.shape == (3, 6, VOCAB)
+    result = convert_deploy(qmodel, "tensorrt_nlp", dummy_input={"input_ids": batch[:1]}, output_path=tmp_path)
+    graph = onnx.load(result.artifacts["deploy_onnx"]).graph
+    assert [d.dim_param for d in graph.input[0].type.tensor_type.shape.dim] == ["batch", "sequence"]
+    assert verify_deploy(qmodel, result, {"input_ids": batch[:3, :5]}).passed
+
+
 def test_an_op_of_transformers_mask_code_is_named_as_transformers(monkeypatch, tmp_path):
     """Were ``aten.diff`` left as torch.export recorded it, deploy would name transformers' code as its caller and say
     what the user can do (not "change that op of the model": the model does not call it)."""

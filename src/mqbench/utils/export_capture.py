@@ -108,6 +108,12 @@ def _dynamic(value: Any) -> Any:
     return None
 
 
+def _batch_of_one(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> bool:
+    """Every tensor input has a first dimension of size 1."""
+    tensors = [t for t in pytree.tree_leaves((args, dict(kwargs))) if isinstance(t, torch.Tensor) and t.dim()]
+    return bool(tensors) and all(t.shape[0] == 1 for t in tensors)
+
+
 def default_dynamic_shapes(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[Any, ...] | dict[str, Any]:
     """The dynamic shapes prepare captures with by default: the batch dimension of every tensor input and the
     sequence dimension of integer ones, each ``Dim.AUTO`` (dynamic where the model allows it, else static)."""
@@ -257,7 +263,20 @@ def export_capture(
     :func:`default_dynamic_shapes`). Raises :class:`CaptureError` naming what failed and what to do."""
     args, kwargs = split_example_inputs(example_inputs)
     leaves = tuple(leaf_modules)
-    program = _export(model, args, kwargs, dynamic_shapes)
+    program = None
+    if dynamic_shapes is None and _batch_of_one(args, kwargs):
+        # export fixes a dimension of size 1 (one prompt, one image): captured on the example twice over, the batch
+        # stays dynamic, so the prepared model calibrates on batches; a model that takes only one falls back below
+        doubled_args, doubled_kwargs = pytree.tree_map_only(
+            torch.Tensor, lambda t: torch.cat([t, t]) if t.dim() else t, (args, kwargs)
+        )
+        try:
+            program = _export(model, doubled_args, doubled_kwargs, None)
+            args, kwargs = doubled_args, doubled_kwargs
+        except CaptureError:
+            program = None
+    if program is None:
+        program = _export(model, args, kwargs, dynamic_shapes)
     _inline_wrappers(program.graph_module)
     _drop_identity_casts(program.graph)
     signature = program.graph_signature
