@@ -435,7 +435,7 @@ def run_smollm2(args: argparse.Namespace) -> dict[str, Any]:
         [{"input_ids": w} for w in text_windows(tokenizer, args.smollm2_length, 16, False, seed).split(4)]
         for seed in range(1, args.smollm2_draws + 1)
     ]
-    sample = {"input_ids": evaluation[:2, :64]}  # two prompts: a capture on one fixes the batch at 1
+    sample = {"input_ids": evaluation[:2, :64]}  # the capture and the deployed files take any batch
 
     def perplexity(m: torch.nn.Module) -> float:
         return window_perplexity(lambda ids: m(input_ids=ids).logits, evaluation.split(4))
