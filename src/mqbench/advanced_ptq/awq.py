@@ -39,12 +39,13 @@ from typing import Any
 import torch
 from torch import Tensor, fx
 
+from mqbench.advanced_ptq.pipeline import Pipeline
 from mqbench.advanced_ptq.smoothing import ChannelScale, _free_name, _insert_channel_scale
 from mqbench.advanced_ptq.weight_only import (
+    PIPELINE_DEFAULTS,
     Layer,
     Site,
     calibrate_weights,
-    collect_inputs,
     config_with,
     fix_qparams,
     grid_qparams,
@@ -65,6 +66,7 @@ AWQ_DEFAULTS: Mapping[str, Any] = {
     "sample_rows": 4096,  # calibration rows (tokens) the searches use per site, drawn at random (seeded)
     "seed": 0,
     "layers": None,  # names of the linear layers to run on (default: every one with an enabled weight quantizer)
+    **PIPELINE_DEFAULTS,  # by_block, cache_budget_mb: how the calibration data runs through the model
 }
 
 
@@ -148,6 +150,75 @@ def _scale_inputs(model: fx.GraphModule, site: Site, inverse: Tensor) -> str:
     return name
 
 
+class _Samples:
+    """Per layer: the sum of ``|x|`` over its input rows, their number, and a uniform sample of ``sample_rows``
+    rows (a reservoir by random keys, drawn from a generator of its own per site, seeded by ``seed`` and the
+    site's index, so that the sample does not depend on the order the data is run in)."""
+
+    def __init__(self, layers: list[Layer], cfg: Mapping[str, Any], indices: list[int]) -> None:
+        self.limit = int(cfg["sample_rows"])
+        self.generators = {
+            layer.name: torch.Generator().manual_seed(int(cfg["seed"]) * 1_000_003 + index)
+            for layer, index in zip(layers, indices, strict=True)
+        }
+        self.rows: dict[str, tuple[Tensor, Tensor]] = {}
+        self.seen: dict[str, int] = {}
+        self.sums: dict[str, Tensor] = {}
+
+    def __call__(self, layer: Layer, x: Tensor) -> None:
+        key = layer.name
+        self.sums[key] = self.sums.get(key, torch.zeros(x.shape[1], dtype=torch.float64)) + x.abs().sum(0)
+        self.seen[key] = self.seen.get(key, 0) + x.shape[0]
+        keys = torch.rand(x.shape[0], generator=self.generators[key])
+        held = self.rows.get(key)
+        pool = x.float() if held is None else torch.cat([held[0], x.float()])
+        weights = keys if held is None else torch.cat([held[1], keys])
+        keep = torch.argsort(weights)[: self.limit]
+        self.rows[key] = (pool[keep], weights[keep])
+
+
+def _awq_site(
+    site: Site, samples: _Samples, cfg: Mapping[str, Any], report: dict[str, Any], scaled: list[tuple[Site, Tensor]]
+) -> None:
+    """AWQ's scale and clipping search for ``site`` on its sampled input rows; the layers' weights are scaled
+    in place, the input's scaling (a graph change) is added to ``scaled``."""
+    key = site.layers[0].name
+    if key not in samples.rows:
+        logger.info("awq: %s saw no input; left as it was", key)
+        return
+    started = time.perf_counter()
+    x = samples.rows[key][0]
+    x_mean = (samples.sums[key] / samples.seen[key]).float()
+    weights = [layer.quantizer.deploy_weight(layer.module.weight.detach()).float().clone() for layer in site.layers]
+    reference = [x @ w.T for w in weights]
+    errors = {
+        alpha: _site_error(site.layers, weights, x, awq_scales(x_mean, alpha), reference)
+        for alpha in _candidates(int(cfg["grid"]))
+    }
+    alpha = min(errors, key=lambda a: errors[a])
+    scale = awq_scales(x_mean, alpha)
+    names = [layer.name for layer in site.layers]
+    report["sites"][key] = {"layers": names, "alpha": alpha, "error": errors[alpha], "error_unscaled": errors[0.0]}
+    if alpha > 0:
+        with torch.no_grad():
+            for layer in site.layers:
+                layer.module.weight.mul_(scale.to(layer.module.weight.dtype))
+        scaled.append((site, (1.0 / scale).to(x.dtype)))
+    x_scaled = x / scale
+    steps = int(cfg["clip_grid"])
+    ratios = [1.0 - i * (1.0 - float(cfg["max_shrink"])) / steps for i in range(steps + 1)]
+    for layer in site.layers:
+        weight = layer.quantizer.deploy_weight(layer.module.weight.detach()).float()
+        if cfg["clip"]:
+            chosen, s, z = _clip_ratios(layer, weight, x_scaled, ratios)
+            report["clip"][layer.name] = chosen
+        else:
+            s, z = grid_qparams(layer.quantizer, weight)
+        fix_qparams(layer.quantizer, s, z)
+    report["sites"][key]["seconds"] = time.perf_counter() - started
+    del samples.rows[key]
+
+
 def awq(model: fx.GraphModule, cali_data: Any, config: Mapping[str, Any] | None = None) -> fx.GraphModule:
     """AWQ on every linear layer of ``model`` (prepared by ``prepare_by_platform``); returns it (changed in place).
 
@@ -162,61 +233,23 @@ def awq(model: fx.GraphModule, cali_data: Any, config: Mapping[str, Any] | None 
         raise ValueError(f"awq config max_shrink must be in (0, 1], got {cfg['max_shrink']!r}")
     sites = linear_sites(model, cfg["layers"], "awq")
     calibrate_weights(model)
-    generator = torch.Generator().manual_seed(int(cfg["seed"]))
-    limit = int(cfg["sample_rows"])
-    rows: dict[str, tuple[Tensor, Tensor]] = {}  # sampled rows and their random keys
-    seen: dict[str, int] = {}
-    sums: dict[str, Tensor] = {}
-
-    def reduce(layer: Layer, x: Tensor) -> None:  # a uniform sample of the rows (reservoir by random keys)
-        key = layer.name
-        sums[key] = sums.get(key, torch.zeros(x.shape[1], dtype=torch.float64)) + x.abs().sum(0)
-        seen[key] = seen.get(key, 0) + x.shape[0]
-        keys = torch.rand(x.shape[0], generator=generator)
-        held = rows.get(key)
-        pool = x.float() if held is None else torch.cat([held[0], x.float()])
-        weights = keys if held is None else torch.cat([held[1], keys])
-        keep = torch.argsort(weights)[:limit]
-        rows[key] = (pool[keep], weights[keep])
-
-    first_layers = [site.layers[0] for site in sites]
-    collect_inputs(model, cali_data, first_layers, reduce, weights=False)
     report: dict[str, Any] = {"sites": {}, "clip": {}}
-    steps = int(cfg["clip_grid"])
-    ratios = [1.0 - i * (1.0 - float(cfg["max_shrink"])) / steps for i in range(steps + 1)]
-    for site in sites:
-        key = site.layers[0].name
-        if key not in rows:
-            logger.info("awq: %s saw no input; left as it was", key)
-            continue
-        started = time.perf_counter()
-        x = rows[key][0]
-        x_mean = (sums[key] / seen[key]).float()
-        weights = [layer.quantizer.deploy_weight(layer.module.weight.detach()).float().clone() for layer in site.layers]
-        reference = [x @ w.T for w in weights]
-        errors = {
-            alpha: _site_error(site.layers, weights, x, awq_scales(x_mean, alpha), reference)
-            for alpha in _candidates(int(cfg["grid"]))
-        }
-        alpha = min(errors, key=lambda a: errors[a])
-        scale = awq_scales(x_mean, alpha)
-        names = [layer.name for layer in site.layers]
-        report["sites"][key] = {"layers": names, "alpha": alpha, "error": errors[alpha], "error_unscaled": errors[0.0]}
-        if alpha > 0:
-            with torch.no_grad():
-                for layer in site.layers:
-                    layer.module.weight.mul_(scale.to(layer.module.weight.dtype))
-            _scale_inputs(model, site, (1.0 / scale).to(x.dtype))
-        x_scaled = x / scale
-        for layer in site.layers:
-            weight = layer.quantizer.deploy_weight(layer.module.weight.detach()).float()
-            if cfg["clip"]:
-                chosen, s, z = _clip_ratios(layer, weight, x_scaled, ratios)
-                report["clip"][layer.name] = chosen
-            else:
-                s, z = grid_qparams(layer.quantizer, weight)
-            fix_qparams(layer.quantizer, s, z)
-        report["sites"][key]["seconds"] = time.perf_counter() - started
+    scaled_inputs: list[tuple[Site, Tensor]] = []  # the graph changes after the pipeline has run
+    together = [[layer.node for layer in site.layers] for site in sites]
+    with Pipeline(model, cali_data, together, cfg["by_block"], cfg["cache_budget_mb"], "awq") as pipeline:
+        left = list(sites)
+        for segment in pipeline.segments:
+            here = [site for site in left if site.layers[-1].node in segment]
+            left = [site for site in left if site not in here]
+            samples = _Samples([site.layers[0] for site in here], cfg, [sites.index(site) for site in here])
+            # the inputs of the float model (scaling does not change them), this block's and the next one's in one pass
+            pipeline.gather(segment, [site.layers[0] for site in here], samples, weights=False, advance=bool(left))
+            for site in here:
+                _awq_site(site, samples, cfg, report, scaled_inputs)
+            if not left:
+                break
+    for site, inverse in scaled_inputs:
+        _scale_inputs(model, site, inverse)
     model.recompile()
     model.meta["awq"] = report
     scaled = sum(site["alpha"] > 0 for site in report["sites"].values())

@@ -12,7 +12,11 @@ before any update (contiguous groups, as every deployed format holds them); othe
 computed when its first column is reached, from the weights as updated so far.
 
 ``gptq(model, cali_data, config)`` runs it on every linear layer of a prepared model, one site (the layers reading
-one value) at a time in graph order, each site's inputs computed with the layers before it already quantized.
+one value) at a time in graph order, each site's inputs computed with the layers before it already quantized. On a
+stack of blocks (a transformer) the calibration data runs block by block (:class:`~mqbench.advanced_ptq.pipeline.
+Pipeline`): a block's sites are gathered by rerunning that block alone from its cached inputs, and the block's
+quantized outputs become the next block's inputs, so the cost grows linearly with depth (``by_block: False``: the
+whole model for every site, as the same results, slower).
 Each layer's weight is replaced by its rounded values and its weight quantizer keeps the scales GPTQ used (its
 observer stopped). ``model.meta["gptq"]`` holds per layer the output error of rounding to nearest and of GPTQ;
 ``model.meta["rounded_weights"]`` names the layers whose float weights are now the rounded ones.
@@ -39,9 +43,12 @@ from typing import Any
 import torch
 from torch import Tensor, fx
 
+from mqbench.advanced_ptq.pipeline import Pipeline, Segment
 from mqbench.advanced_ptq.weight_only import (
+    PIPELINE_DEFAULTS,
+    Layer,
+    Site,
     calibrate_weights,
-    collect_inputs,
     config_with,
     fix_qparams,
     grid_qparams,
@@ -58,6 +65,7 @@ GPTQ_DEFAULTS: Mapping[str, Any] = {
     "damp": 0.01,  # fraction of the mean of diag(H) added to its diagonal
     "act_order": False,  # round columns of largest H_ii first (group scales then from the weights before updates)
     "layers": None,  # names of the linear layers to run on (default: every one with an enabled weight quantizer)
+    **PIPELINE_DEFAULTS,  # by_block, cache_budget_mb: how the calibration data runs through the model
 }
 
 QParams = Callable[[Tensor], tuple[Tensor, Tensor]]
@@ -149,36 +157,17 @@ def gptq(model: fx.GraphModule, cali_data: Any, config: Mapping[str, Any] | None
     sites = linear_sites(model, cfg["layers"], "gptq")
     calibrate_weights(model)
     report: dict[str, dict[str, float]] = {}
-    for site in sites:
-        hessians, tokens = _hessians(model, cali_data, site.layers)
-        for layer in site.layers:
-            if not tokens[layer.name]:
-                logger.info("gptq: %s saw no input; left as it was", layer.name)
-                continue
-            started = time.perf_counter()
-            H = 2.0 * hessians[layer.name] / tokens[layer.name]
-            quantizer = layer.quantizer
-            weight = quantizer.deploy_weight(layer.module.weight.detach()).clone()
-            rounded, scales, zeros = gptq_quantize(
-                weight,
-                H,
-                _qparams_of(quantizer),
-                quantizer.quant_min,
-                quantizer.quant_max,
-                quantizer.group_size,
-                cfg["block_size"],
-                float(cfg["damp"]),
-                bool(cfg["act_order"]),
-            )
-            nearest = rtn(quantizer, weight)
-            with torch.no_grad():
-                layer.module.weight.copy_(rounded.to(layer.module.weight.dtype))
-            fix_qparams(quantizer, scales.reshape(-1).float(), zeros.reshape(-1))
-            report[layer.name] = {
-                "rtn": _output_error(weight, nearest, H),
-                "gptq": _output_error(weight, rounded, H),
-                "seconds": time.perf_counter() - started,
-            }
+    together = [[layer.node for layer in site.layers] for site in sites]
+    with Pipeline(model, cali_data, together, cfg["by_block"], cfg["cache_budget_mb"], "gptq") as pipeline:
+        left = list(sites)
+        for segment in pipeline.segments:
+            here = [site for site in left if site.layers[-1].node in segment]
+            left = [site for site in left if site not in here]
+            for site in here:  # each site's inputs with the sites before it (this block's too) quantized
+                _gptq_site(pipeline, segment, site, cfg, report)
+            if not left:
+                break
+            pipeline.advance(segment)  # the next block's inputs, through this block quantized
     model.meta["gptq"] = report
     # the float model (quantizers off) now holds these rounded weights: verify_deploy's float comparison says so
     model.meta["rounded_weights"] = {"by": "gptq", "layers": sorted(report)}
@@ -186,18 +175,47 @@ def gptq(model: fx.GraphModule, cali_data: Any, config: Mapping[str, Any] | None
     return model
 
 
-def _hessians(model: fx.GraphModule, cali_data: Any, layers: list[Any]) -> tuple[dict[str, Tensor], dict[str, int]]:
-    """Each layer's sum of ``x^T x`` over its calibration inputs, and the number of rows."""
+def _gptq_site(
+    pipeline: Pipeline, segment: Segment, site: Site, cfg: Mapping[str, Any], report: dict[str, dict[str, float]]
+) -> None:
+    """GPTQ of the layers of ``site`` on their inputs, gathered by running ``segment`` up to the last of them."""
     hessians: dict[str, Tensor] = {}
-    tokens = {layer.name: 0 for layer in layers}
+    tokens = {layer.name: 0 for layer in site.layers}
 
-    def reduce(layer: Any, rows: Tensor) -> None:
+    def reduce(layer: Layer, rows: Tensor) -> None:  # each layer's sum of x^T x and its number of rows
         total = rows.T @ rows
         hessians[layer.name] = total if layer.name not in hessians else hessians[layer.name] + total
         tokens[layer.name] += rows.shape[0]
 
-    collect_inputs(model, cali_data, layers, reduce)
-    return hessians, tokens
+    pipeline.gather(segment, site.layers, reduce, until=site.layers[-1].node)
+    for layer in site.layers:
+        if not tokens[layer.name]:
+            logger.info("gptq: %s saw no input; left as it was", layer.name)
+            continue
+        started = time.perf_counter()
+        H = 2.0 * hessians.pop(layer.name) / tokens[layer.name]
+        quantizer = layer.quantizer
+        weight = quantizer.deploy_weight(layer.module.weight.detach()).clone()
+        rounded, scales, zeros = gptq_quantize(
+            weight,
+            H,
+            _qparams_of(quantizer),
+            quantizer.quant_min,
+            quantizer.quant_max,
+            quantizer.group_size,
+            cfg["block_size"],
+            float(cfg["damp"]),
+            bool(cfg["act_order"]),
+        )
+        nearest = rtn(quantizer, weight)
+        with torch.no_grad():
+            layer.module.weight.copy_(rounded.to(layer.module.weight.dtype))
+        fix_qparams(quantizer, scales.reshape(-1).float(), zeros.reshape(-1))
+        report[layer.name] = {
+            "rtn": _output_error(weight, nearest, H),
+            "gptq": _output_error(weight, rounded, H),
+            "seconds": time.perf_counter() - started,
+        }
 
 
 def _qparams_of(quantizer: QuantizeBase) -> QParams:

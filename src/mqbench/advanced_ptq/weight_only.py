@@ -8,15 +8,14 @@ which leave out the padding of token batches given with an ``attention_mask`` (:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import Tensor, fx, nn
 
-from mqbench.advanced_ptq.reconstruction import calibration_batches, call_with
+from mqbench.advanced_ptq.pipeline import PIPELINE_DEFAULTS, Pipeline, token_mask, weights_quantized_only
 from mqbench.advanced_ptq.smoothing import fresh_copy
 from mqbench.fake_quantize.quantize_base import QuantizeBase
 from mqbench.functional import from_groups, to_groups
@@ -26,7 +25,9 @@ from mqbench.utils.state import calibrate_weights
 from mqbench.utils.tied import shared_weights
 
 __all__ = [
+    "PIPELINE_DEFAULTS",
     "Layer",
+    "Pipeline",
     "Site",
     "calibrate_weights",
     "collect_inputs",
@@ -37,6 +38,7 @@ __all__ = [
     "on_grid",
     "rtn",
     "token_mask",
+    "weights_quantized_only",
 ]
 
 
@@ -99,27 +101,6 @@ def linear_sites(model: nn.Module, names: Sequence[str] | None = None, what: str
     return list(sites.values())
 
 
-@contextmanager
-def weights_quantized_only(model: nn.Module, weights: bool = True) -> Iterator[None]:
-    """Every quantizer's observer off; weight quantizers quantizing (``weights``) or not, activation quantizers as
-    they were (their fake quantization kept, their observers off); restored afterwards."""
-    saved = {}
-    for name, q in model.named_modules():
-        if isinstance(q, QuantizeBase):
-            saved[name] = (q.observer_enabled.clone(), q.fake_quant_enabled.clone())
-            q.disable_observer()
-            if name.endswith(".weight_fake_quant"):
-                q.enable_fake_quant(weights)
-    try:
-        yield
-    finally:
-        for name, q in model.named_modules():
-            if name in saved:
-                observer, fake_quant = saved[name]
-                q.enable_observer(bool(observer[0]))
-                q.enable_fake_quant(bool(fake_quant[0]))
-
-
 def collect_inputs(
     model: nn.Module,
     cali_data: Any,
@@ -133,38 +114,12 @@ def collect_inputs(
     A batch given as a dict with an ``attention_mask`` ``[N, L]`` (padded token sequences, as a tokenizer returns
     them) contributes only the rows of its tokens, not of its padding, to layers whose input is ``[N, L, in]``
     (or ``[N * L, in]``): a padding position's values are computed but read by nothing the model returns.
+    The whole model runs once per batch; :class:`~mqbench.advanced_ptq.pipeline.Pipeline` runs it block by block.
     """
-    handles = []
-    tokens: list[Tensor | None] = [None]  # the current batch's token mask
-
-    def rows_of(x: Tensor) -> Tensor:
-        mask = tokens[0]
-        if mask is not None and tuple(x.shape[:-1]) in (tuple(mask.shape), (mask.numel(),)):
-            return x.reshape(-1, x.shape[-1])[mask.reshape(-1)]
-        return x.reshape(-1, x.shape[-1])
-
-    for layer in layers:
-
-        def hook(module: nn.Module, args: tuple[Any, ...], layer: Layer = layer) -> None:
-            reduce(layer, rows_of(args[0].detach()).double())
-
-        handles.append(layer.module.register_forward_pre_hook(hook))
-    try:
-        with weights_quantized_only(model, weights), torch.no_grad():
-            for batch in calibration_batches(cali_data):
-                tokens[0] = token_mask(batch)
-                call_with(model, batch)
-    finally:
-        for handle in handles:
-            handle.remove()
-
-
-def token_mask(batch: Any) -> Tensor | None:
-    """The tokens (True) and the padding (False) of a dict batch with a 2-D ``attention_mask``; None otherwise."""
-    mask = batch.get("attention_mask") if isinstance(batch, Mapping) else None
-    if isinstance(mask, Tensor) and mask.dim() == 2 and not bool(mask.all()):
-        return mask != 0
-    return None
+    if not isinstance(model, fx.GraphModule):
+        raise ValueError(f"collect_inputs takes the model prepare_by_platform returned, got {type(model).__name__}")
+    with Pipeline(model, cali_data, by_block=False, cache_budget_mb=None) as pipeline:
+        pipeline.gather(pipeline.segments[0], layers, reduce, weights)
 
 
 def grid_qparams(quantizer: QuantizeBase, weight: Tensor) -> tuple[Tensor, Tensor]:

@@ -1,0 +1,173 @@
+"""The calibration pipeline: a decoder's graph cut into its blocks, the data run block by block with the cost of a few
+block forwards per block, and GPTQ and AWQ giving exactly what the whole-model path gives (also from spilled
+activations and with padded batches)."""
+
+from __future__ import annotations
+
+import copy
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+from mqbench.advanced_ptq import awq, gptq
+from mqbench.advanced_ptq.pipeline import Pipeline, segments_of
+from mqbench.advanced_ptq.weight_only import linear_sites
+from mqbench.prepare_by_platform import prepare_by_platform
+
+transformers = pytest.importorskip("transformers")
+
+VOCAB = 96
+
+
+def _llama(blocks: int) -> nn.Module:
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        config = transformers.LlamaConfig(
+            vocab_size=VOCAB,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=blocks,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=64,
+            tie_word_embeddings=False,
+        )
+        config._attn_implementation = "eager"
+        model = transformers.LlamaForCausalLM(config)
+    model.config.use_cache = False
+    return model.eval()
+
+
+def _ids(seed: int, batch: int = 4, length: int = 12) -> torch.Tensor:
+    return torch.randint(0, VOCAB, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+def _prepared(blocks: int, group_size: int = 32) -> torch.fx.GraphModule:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return prepare_by_platform(
+            _llama(blocks),
+            "llm_w4a16",
+            {
+                "example_inputs": {"input_ids": _ids(0, 2, 8), "attention_mask": torch.ones(2, 8, dtype=torch.long)},
+                "extra_qconfig_dict": {"w_qscheme": {"group_size": group_size}},
+            },
+        )
+
+
+def _padded(seed: int) -> dict[str, torch.Tensor]:
+    """Token batches right-padded as a tokenizer pads them (the padding's rows are left out of the statistics)."""
+    ids = _ids(seed)
+    mask = torch.ones_like(ids)
+    mask[1, 9:] = 0
+    mask[3, 5:] = 0
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+def _weights(model: nn.Module) -> dict[str, torch.Tensor]:
+    return {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
+
+
+def test_a_decoder_is_cut_into_its_blocks_with_the_head_in_the_last() -> None:
+    qmodel = _prepared(3)
+    segments = segments_of(qmodel)
+    assert [s.name for s in segments] == ["start", "model.layers.0", "model.layers.1", "model.layers.2"]
+    targets = [{str(n.target) for n in s.nodes if n.op == "call_module"} for s in segments]
+    assert "model.embed_tokens" in targets[0]
+    for k in range(3):
+        assert {f"model.layers.{k}.self_attn.q_proj", f"model.layers.{k}.mlp.down_proj"} <= targets[k + 1]
+        assert not any(t.startswith("model.layers.") and not t.startswith(f"model.layers.{k}.") for t in targets[k + 1])
+    assert {"model.norm", "lm_head"} <= targets[3]
+    nodes = [n for n in qmodel.graph.nodes if n.op != "output"]
+    assert [n for s in segments for n in s.nodes] == nodes  # a partition of the graph, in order
+    # a group of nodes spanning two blocks keeps them in one segment; without blocks, one segment
+    q0, q1 = (next(n for n in nodes if n.target == f"model.layers.{k}.self_attn.q_proj") for k in (0, 1))
+    merged = segments_of(qmodel, together=[[q0, q1]])
+    assert [s.name for s in merged] == ["start", "model.layers.0", "model.layers.2"]
+    assert [s.name for s in segments_of(qmodel, by_block=False)] == ["model"]
+    plain = prepare_by_platform(nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2)).eval(), "llm_w8a16")
+    assert [s.name for s in segments_of(plain)] == ["model"]
+
+
+@pytest.mark.parametrize("blocks", [2, 3])
+def test_gptq_block_by_block_runs_each_block_a_few_times_whatever_the_depth(blocks: int) -> None:
+    """Each block runs once per site it holds (4 on Llama) and once to hand its output on: 5 times per batch, at
+    any depth; the whole-model path runs block k once per site from block k on (it stops after each site), a total
+    growing with the square of the depth."""
+    counts: dict[str, dict[int, int]] = {}
+    for by_block in (True, False):
+        qmodel = _prepared(blocks)
+        seen = {k: 0 for k in range(blocks)}
+        for k in range(blocks):
+            norm = qmodel.get_submodule(f"model.layers.{k}.input_layernorm")
+            norm.register_forward_hook(lambda *args, k=k, seen=seen: seen.__setitem__(k, seen[k] + 1))
+        batches = [_padded(1), _padded(2)]
+        gptq(qmodel, batches, {"by_block": by_block})
+        counts[str(by_block)] = seen
+    assert counts["True"] == {k: (5 if k < blocks - 1 else 4) * 2 for k in range(blocks)}
+    assert counts["False"] == {k: 4 * (blocks - k) * 2 for k in range(blocks)}
+
+
+@pytest.mark.parametrize("algorithm", ["gptq", "awq"])
+def test_block_by_block_equals_the_whole_model_path(algorithm: str) -> None:
+    """Bit for bit: the same inputs reach every layer (padded batches, their padding left out), so the same
+    weights, scales and report come out; also when the cached activations are spilled to disk (budget 0)."""
+    run = {"gptq": gptq, "awq": awq}[algorithm]
+    searches = {"grid": 5, "clip_grid": 5} if algorithm == "awq" else {}
+    batches = [_padded(1), _padded(2), _padded(3)]
+    base = _prepared(3)
+    results = {}
+    for name, config in {
+        "whole": {"by_block": False},
+        "blocks": {"by_block": True},
+        "spilled": {"by_block": True, "cache_budget_mb": 0},
+    }.items():
+        qmodel = run(copy.deepcopy(base), batches, {**config, **searches})
+        results[name] = (_weights(qmodel), qmodel.meta[algorithm], qmodel(**_padded(9)).logits)
+    for name in ("blocks", "spilled"):
+        weights, report, logits = results[name]
+        assert weights.keys() == results["whole"][0].keys()
+        for key, tensor in weights.items():
+            assert torch.equal(tensor, results["whole"][0][key]), key
+        assert torch.equal(logits, results["whole"][2])
+        if algorithm == "gptq":
+            assert {k: (r["rtn"], r["gptq"]) for k, r in report.items()} == {
+                k: (r["rtn"], r["gptq"]) for k, r in results["whole"][1].items()
+            }
+        else:
+            assert {k: s["alpha"] for k, s in report["sites"].items()} == {
+                k: s["alpha"] for k, s in results["whole"][1]["sites"].items()
+            }
+    # and the algorithm did its work: GPTQ below rounding to nearest on every layer, AWQ scaled some site
+    report = results["blocks"][1]
+    if algorithm == "gptq":
+        assert len(report) == 3 * 7 and all(r["gptq"] <= r["rtn"] for r in report.values())
+    else:
+        assert any(s["alpha"] > 0 for s in report["sites"].values())
+
+
+def test_the_pipeline_hands_each_block_the_values_it_reads_and_frees_the_rest() -> None:
+    """After block k the cache holds what later nodes read (the residual stream, the mask, the rotary tables),
+    never a value only block k read; spilled to files past the budget and read back the same."""
+    qmodel = _prepared(2)
+    sites = linear_sites(qmodel)
+    with Pipeline(qmodel, [_padded(1)], cache_budget_mb=0) as pipeline:
+        first = pipeline.segments[0]
+        pipeline.advance(first)
+        held = pipeline._boundaries[0].load()
+        assert pipeline._boundaries[0].file is not None and pipeline._boundaries[0].file.exists()
+        assert any(v.shape == (4, 12, 64) for v in held.values() if isinstance(v, torch.Tensor))  # the stream
+        later = {n.name for s in pipeline.segments[1:] for n in s.nodes}
+        for name in held:
+            node = pipeline._named[name]
+            assert any(user.name in later for user in node.users), name
+        rows = []
+        block = pipeline.segments[1]
+        layers = sites[0].layers[:1]
+        pipeline.gather(block, layers, lambda layer, x: rows.append(x), weights=False, until=layers[0].node)
+    assert sum(r.shape[0] for r in rows) == 12 + 9 + 12 + 5  # the tokens, not the padding
+    with pytest.raises(RuntimeError, match="not the one the pipeline reached"), Pipeline(qmodel, [_padded(1)]) as p:
+        p.advance(p.segments[1])
