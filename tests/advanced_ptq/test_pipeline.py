@@ -171,3 +171,38 @@ def test_the_pipeline_hands_each_block_the_values_it_reads_and_frees_the_rest() 
     assert sum(r.shape[0] for r in rows) == 12 + 9 + 12 + 5  # the tokens, not the padding
     with pytest.raises(RuntimeError, match="not the one the pipeline reached"), Pipeline(qmodel, [_padded(1)]) as p:
         p.advance(p.segments[1])
+
+
+def _prepared_w8a8(blocks: int) -> torch.fx.GraphModule:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = _llama(blocks)
+        with torch.no_grad():  # an outlier channel on the residual stream, for SmoothQuant to move
+            for layer in model.model.layers:
+                layer.mlp.down_proj.weight[3] *= 20
+        example = {"input_ids": _ids(0, 2, 8), "attention_mask": torch.ones(2, 8, dtype=torch.long)}
+        return prepare_by_platform(model, "tensorrt_nlp", {"example_inputs": example})
+
+
+def test_calibration_and_smoothquant_block_by_block_equal_the_model_called_whole(monkeypatch) -> None:
+    """The observers see each batch's tensors in the same order either way, and SmoothQuant's statistics are the
+    same: every scale, weight and logit equal bit for bit to a run whose pipeline is the whole model."""
+    from mqbench.advanced_ptq import calibrate
+    from mqbench.advanced_ptq import pipeline as pipeline_module
+    from mqbench.backends.spec import PTQRecipe
+
+    batches = [_padded(1), _padded(2), _padded(3)]
+    base = _prepared_w8a8(2)
+    assert len(segments_of(base)) == 3
+    results = []
+    for whole in (False, True):
+        if whole:
+            monkeypatch.setattr(pipeline_module, "_stack", lambda nodes: None)
+            assert [s.name for s in segments_of(base)] == ["model"]
+        qmodel = calibrate(copy.deepcopy(base), batches, smooth=True, recipe=PTQRecipe())
+        results.append((_weights(qmodel), qmodel(**_padded(9)).logits))
+    (first, logits), (second, reference) = results
+    assert first.keys() == second.keys() and any(key.endswith("_smoothing.scale") for key in first)
+    for key, tensor in first.items():
+        assert torch.equal(tensor, second[key]), key
+    assert torch.equal(logits, reference)

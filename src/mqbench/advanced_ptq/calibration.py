@@ -29,6 +29,7 @@ import torch
 from torch import fx, nn
 
 from mqbench.advanced_ptq.correction import bias_correction, cross_layer_equalization
+from mqbench.advanced_ptq.pipeline import one_pass
 from mqbench.advanced_ptq.reconstruction import calibration_batches, call_with
 from mqbench.advanced_ptq.smoothing import smooth_quant
 from mqbench.backends.registry import ParamsTable
@@ -157,8 +158,7 @@ def calibrate(
         smooth_quant(model, batches)
     reset_observers(model)  # a model calibrated before (then rotated, smoothed, ...) gets the ranges of now
     enable_calibration_woquantization(model, quantizer_type="act_fake_quant")
-    for batch in batches:
-        call_with(model, batch)
+    one_pass(model, batches)  # block by block on a transformer
     put_back_observers(model, replaced)
     enable_calibration_woquantization(model, quantizer_type="weight_fake_quant")
     call_with(model, batches[0])

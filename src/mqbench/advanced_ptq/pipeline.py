@@ -43,7 +43,7 @@ import re
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import ExitStack, contextmanager
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -51,11 +51,19 @@ from typing import Any
 import torch
 from torch import Tensor, fx, nn
 
-from mqbench.advanced_ptq.reconstruction import calibration_batches
+from mqbench.advanced_ptq.reconstruction import calibration_batches, call_with
 from mqbench.fake_quantize.quantize_base import QuantizeBase
 from mqbench.utils.logger import logger
 
-__all__ = ["PIPELINE_DEFAULTS", "Pipeline", "Segment", "segments_of", "token_mask", "weights_quantized_only"]
+__all__ = [
+    "PIPELINE_DEFAULTS",
+    "Pipeline",
+    "Segment",
+    "one_pass",
+    "segments_of",
+    "token_mask",
+    "weights_quantized_only",
+]
 
 PIPELINE_DEFAULTS: Mapping[str, Any] = {
     "by_block": True,  # run the calibration data block by block (False: the whole model for every gathering)
@@ -287,6 +295,35 @@ class Pipeline:
         return {node.name: value for node, value in values.items()}
 
     @torch.no_grad()
+    def run(
+        self,
+        segment: Segment,
+        hooks: Mapping[nn.Module, Callable[[nn.Module, tuple[Any, ...]], None]] | None = None,
+        switches: AbstractContextManager[Any] | None = None,
+        until: fx.Node | None = None,
+        advance: bool = False,
+        each_batch: Callable[[Any], None] | None = None,
+    ) -> None:
+        """Run ``segment`` on every batch with forward pre-hooks ``hooks`` (module -> hook) and the quantizers as
+        ``switches`` sets them (None: as they are); ``until``: stop after that node; ``advance``: run to the end and
+        keep the boundary for the next segment. ``each_batch(batch)`` is called before each batch runs."""
+        if segment.index != self._reached:
+            raise RuntimeError(f"{self.what}: segment {segment.name} is not the one the pipeline reached")
+        self._check_graph()
+        with ExitStack() as stack:
+            for module, hook in (hooks or {}).items():
+                stack.callback(module.register_forward_pre_hook(hook).remove)
+            if switches is not None:
+                stack.enter_context(switches)
+            for i, batch in enumerate(self.batches):
+                if each_batch is not None:
+                    each_batch(batch)
+                env = self._run(segment, i, None if advance else until)
+                if advance:
+                    self._keep(segment, i, env)
+        if advance:
+            self._advanced(segment)
+
     def gather(
         self,
         segment: Segment,
@@ -296,16 +333,12 @@ class Pipeline:
         until: fx.Node | None = None,
         advance: bool = False,
     ) -> None:
-        """Run ``segment`` on every batch with the weights quantized (``weights``) or float, calling
-        ``reduce(layer, rows)`` with each layer's input as rows ``[tokens, in_features]`` (float64) (``layers``:
-        objects with ``module``; see :func:`~mqbench.advanced_ptq.weight_only.collect_inputs` for padding).
-
-        ``until``: stop after that node (the rest of the segment is not needed); ``advance``: run to the end and
-        keep the boundary for the next segment (as :meth:`advance`, in the same pass).
+        """Run ``segment`` on every batch with the weights quantized (``weights``) or float (activation quantizers as
+        they are, observers off), calling ``reduce(layer, rows)`` with each layer's input as rows ``[tokens,
+        in_features]`` (float64) (``layers``: objects with ``module``). A batch given as a dict with an
+        ``attention_mask`` ``[N, L]`` contributes only its tokens' rows, not its padding's, to layers whose input
+        is ``[N, L, in]`` (or ``[N * L, in]``). ``until`` and ``advance``: as for :meth:`run`.
         """
-        if segment.index != self._reached:
-            raise RuntimeError(f"{self.what}: segment {segment.name} is not the one the pipeline reached")
-        self._check_graph()
         tokens: list[Tensor | None] = [None]
 
         def rows_of(x: Tensor) -> Tensor:
@@ -314,26 +347,29 @@ class Pipeline:
                 return x.reshape(-1, x.shape[-1])[mask.reshape(-1)]
             return x.reshape(-1, x.shape[-1])
 
-        with ExitStack() as stack:
-            for layer in layers:
+        def hook_of(layer: Any) -> Callable[[nn.Module, tuple[Any, ...]], None]:
+            return lambda module, args: reduce(layer, rows_of(args[0].detach()).double())
 
-                def hook(module: nn.Module, args: tuple[Any, ...], layer: Any = layer) -> None:
-                    reduce(layer, rows_of(args[0].detach()).double())
+        hooks = {layer.module: hook_of(layer) for layer in layers}
+        switches = weights_quantized_only(self.model, weights)
+        self.run(segment, hooks, switches, until, advance, lambda batch: tokens.__setitem__(0, token_mask(batch)))
 
-                stack.callback(layer.module.register_forward_pre_hook(hook).remove)
-            stack.enter_context(weights_quantized_only(self.model, weights))
-            for i, batch in enumerate(self.batches):
-                tokens[0] = token_mask(batch)
-                env = self._run(segment, i, None if advance else until)
-                if advance:
-                    self._keep(segment, i, env)
-        if advance:
-            self._advanced(segment)
+    @torch.no_grad()
+    def run_all(
+        self,
+        hooks: Mapping[nn.Module, Callable[[nn.Module, tuple[Any, ...]], None]] | None = None,
+        switches: AbstractContextManager[Any] | None = None,
+    ) -> None:
+        """One pass of the calibration data through the segments not run yet, each to its end (``hooks`` and
+        ``switches`` as for :meth:`run`)."""
+        with switches if switches is not None else nullcontext():
+            for segment in self.segments[self._reached :]:
+                self.run(segment, hooks, advance=segment is not self.segments[-1])
 
     @torch.no_grad()
     def advance(self, segment: Segment, weights: bool = True) -> None:
         """Run ``segment`` to its end on every batch (weights quantized or float) and keep the next boundary."""
-        self.gather(segment, (), lambda layer, rows: None, weights, advance=True)
+        self.run(segment, None, weights_quantized_only(self.model, weights), advance=True)
 
     def _keep(self, segment: Segment, batch: int, env: dict[str, Any]) -> None:
         end = self._position[segment.nodes[-1]]
@@ -375,3 +411,26 @@ class Pipeline:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def one_pass(
+    model: nn.Module,
+    cali_data: Any,
+    hooks: Mapping[nn.Module, Callable[[nn.Module, tuple[Any, ...]], None]] | None = None,
+    switches: AbstractContextManager[Any] | None = None,
+    what: str = "calibration",
+) -> None:
+    """The calibration batches through ``model`` once (block by block on a prepared model with a stack of blocks,
+    its memory the boundary values; a model that is not a GraphModule is called batch by batch), with forward
+    pre-hooks ``hooks`` and the quantizers as ``switches`` sets them (None: as they are)."""
+    if isinstance(model, fx.GraphModule):
+        with Pipeline(model, cali_data, what=what) as pipeline:
+            pipeline.run_all(hooks, switches)
+        return
+    with ExitStack() as stack, torch.no_grad():
+        for module, hook in (hooks or {}).items():
+            stack.callback(module.register_forward_pre_hook(hook).remove)
+        if switches is not None:
+            stack.enter_context(switches)
+        for batch in calibration_batches(cali_data):
+            call_with(model, batch)

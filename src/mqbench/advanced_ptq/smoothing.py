@@ -39,14 +39,15 @@ Example:
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, fx, nn
 
-from mqbench.advanced_ptq.reconstruction import calibration_batches, call_with
+from mqbench.advanced_ptq.pipeline import one_pass
 from mqbench.fake_quantize.quantize_base import QuantizeBase
 from mqbench.utils.logger import logger
 from mqbench.utils.tied import shared_weights
@@ -193,23 +194,13 @@ def smooth_quant(
         logger.info("smooth_quant: no activation quantizer read only by linear layers")
         return {}
 
-    generator = torch.Generator().manual_seed(seed)
-    statistics = {node: _Statistics(sample_rows, generator) for node in groups}
-    switches = {name: (q.observer_enabled.clone(), q.fake_quant_enabled.clone()) for name, q in _quantizers(model)}
-    for _, q in _quantizers(model):
-        q.disable_observer()
-        q.disable_fake_quant()
-    hooks = [modules[str(node.target)].register_forward_pre_hook(statistics[node]) for node in groups]
-    try:
-        for batch in calibration_batches(cali_data):
-            call_with(model, batch)
-    finally:
-        for hook in hooks:
-            hook.remove()
-        for name, q in _quantizers(model):
-            observer, fake_quant = switches[name]
-            q.observer_enabled.copy_(observer)
-            q.fake_quant_enabled.copy_(fake_quant)
+    # a generator per quantizer: its sample does not depend on the order the data runs through the model
+    statistics = {
+        node: _Statistics(sample_rows, torch.Generator().manual_seed(seed * 1_000_003 + i))
+        for i, node in enumerate(groups)
+    }
+    hooks = {modules[str(node.target)]: statistics[node] for node in groups}
+    one_pass(model, cali_data, hooks, _nothing_quantized(model), "smooth_quant")  # block by block on a transformer
 
     chosen: dict[str, float] = {}
     for node, layers in groups.items():
@@ -289,6 +280,22 @@ def restore_smoothing(model: fx.GraphModule, state_dict: Mapping[str, Any]) -> l
     if added:
         model.recompile()
     return sorted(added)
+
+
+@contextmanager
+def _nothing_quantized(model: nn.Module) -> Iterator[None]:
+    """Every quantizer neither observing nor quantizing; restored afterwards."""
+    switches = {name: (q.observer_enabled.clone(), q.fake_quant_enabled.clone()) for name, q in _quantizers(model)}
+    for _, q in _quantizers(model):
+        q.disable_observer()
+        q.disable_fake_quant()
+    try:
+        yield
+    finally:
+        for name, q in _quantizers(model):
+            observer, fake_quant = switches[name]
+            q.observer_enabled.copy_(observer)
+            q.fake_quant_enabled.copy_(fake_quant)
 
 
 def _quantizers(model: nn.Module) -> list[tuple[str, QuantizeBase]]:
