@@ -152,3 +152,69 @@ def test_bias_correction_over_batches_of_different_shapes():
     assert float(before["first"].abs().max()) > 1e-3
     assert float(after["first"].abs().max()) < 1e-5 * max(1.0, float(before["first"].abs().max()))
     assert float(after["second"].abs().max()) < 0.5 * float(before["second"].abs().max())
+
+
+class _Twins(nn.Module):
+    """Two convolutions holding one weight and one bias (tied), each on its own input and after it its own BatchNorm
+    (or none) and its own follower."""
+
+    def __init__(self, batchnorm: bool) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.a, self.b = nn.Conv2d(3, 8, 3, padding=1), nn.Conv2d(3, 8, 3, padding=1)
+        self.b.weight, self.b.bias = self.a.weight, self.a.bias
+        self.norm_a, self.norm_b = nn.BatchNorm2d(8), nn.BatchNorm2d(8)
+        for norm in (self.norm_a, self.norm_b):
+            norm.running_mean.uniform_(-1, 1)
+            norm.running_var.uniform_(0.5, 2)
+            nn.init.uniform_(norm.weight, 0.5, 1.5)
+        with torch.no_grad():
+            self.a.weight[0] *= 8  # an output channel of a wide range: equalization would scale it
+        self.act_a, self.act_b = nn.ReLU(), nn.ReLU()
+        self.next_a, self.next_b = nn.Conv2d(8, 4, 1), nn.Conv2d(8, 4, 1)
+        self.batchnorm = batchnorm
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a, b = self.a(x), self.b(x * 0.5 + 1)
+        if self.batchnorm:
+            a, b = self.norm_a(a), self.norm_b(b)
+        return self.next_a(self.act_a(a)) + self.next_b(self.act_b(b))
+
+
+@pytest.mark.parametrize("batchnorm", [True, False], ids=["bn-folded", "no-bn"])
+def test_tied_layers_keep_the_float_function_through_folding_equalization_and_bias_correction(batchnorm):
+    """BN folding gives each holder of a tied weight its own folded copy; equalization leaves a pair with a tied
+    weight alone and bias correction a tied bias (each saying so): with every quantizer off, the model computes
+    the float model's function (1e-5 of its largest output)."""
+    model = _Twins(batchnorm).eval()
+    x = torch.randn(4, 3, 8, 8, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        reference = model(x)
+    qmodel = prepare_by_platform(model, "tensorrt")
+    pairs = cross_layer_equalization(qmodel)
+    if not batchnorm:  # the tied pairs are left alone; untied, both would be equalized
+        untied = _Twins(False).eval()
+        untied.b.weight = nn.Parameter(untied.a.weight.detach().clone())
+        assert pairs == [] and len(cross_layer_equalization(prepare_by_platform(untied, "tensorrt"))) == 2
+    enable_calibration(qmodel)
+    qmodel(x)
+    enable_quantization(qmodel)
+    corrected = bias_correction(qmodel, [x])
+    tol = 1e-5 * float(reference.abs().max())
+    disable_all(qmodel)
+    if batchnorm:
+        # folded: each convolution holds its own weight now; correction then moved the biases (as it should)
+        assert qmodel.a.weight is not qmodel.b.weight and {"a", "b"} <= set(corrected)
+    else:
+        assert qmodel.a.weight is qmodel.b.weight and qmodel.a.bias is qmodel.b.bias
+        assert not {"a", "b"} & set(corrected) and {"next_a", "next_b"} <= set(corrected)
+        torch.testing.assert_close(qmodel.a.bias, model.a.bias, rtol=0, atol=0)
+        for conv in ("next_a", "next_b"):  # only the followers' biases moved: the rest is the float function
+            getattr(qmodel, conv).bias.data.copy_(getattr(model, conv).bias)
+        with torch.no_grad():
+            torch.testing.assert_close(qmodel(x), reference, rtol=0, atol=tol)
+    if batchnorm:
+        folded = prepare_by_platform(_Twins(True).eval(), "tensorrt")
+        disable_all(folded)
+        with torch.no_grad():
+            torch.testing.assert_close(folded(x), reference, rtol=0, atol=tol)

@@ -51,6 +51,7 @@ from mqbench.custom_quantizer.ops import node_kind
 from mqbench.fake_quantize.quantize_base import QuantizeBase
 from mqbench.nn.intrinsic.qat.modules.bn_folding import BnFoldingModule
 from mqbench.utils.logger import logger
+from mqbench.utils.tied import shared_weights
 
 __all__ = ["bias_correction", "cross_layer_equalization", "equalization_pairs", "equalize_pair"]
 
@@ -115,6 +116,7 @@ def _scale_inputs(second: nn.Module, scale: Tensor) -> None:
 def equalization_pairs(model: fx.GraphModule) -> list[tuple[str, str, nn.Module, nn.Module]]:
     """Every pair of layers cross-layer equalization applies to: (node, following node, layer, following layer)."""
     modules = dict(model.named_modules())
+    shared = shared_weights(model)
     pairs = []
     for node in model.graph.nodes:
         first = _layer(node, modules)
@@ -123,6 +125,16 @@ def equalization_pairs(model: fx.GraphModule) -> list[tuple[str, str, nn.Module,
         follower = _next_layer(node, modules)
         second = _layer(follower, modules) if follower is not None else None
         if follower is None or second is None:
+            continue
+        tied = [str(n.target) for n in (node, follower) if str(n.target) in shared]
+        if tied:  # scaling a weight another module holds too would change that module's function
+            others = ", ".join(o for name in tied for o in shared[name])
+            logger.warning(
+                "cross-layer equalization: %s not equalized: %s share(s) the weight with %s (tied)",
+                f"{node.name} -> {follower.name}",
+                ", ".join(tied),
+                others,
+            )
             continue
         channels = _weight(first).shape[0]
         if _input_ranges(second, channels) is None or (getattr(first, "groups", 1) != 1 and first.groups != channels):
@@ -206,12 +218,21 @@ def bias_correction(model: fx.GraphModule, cali_data: Any, layers: Sequence[str]
     modules = dict(model.named_modules())
     batches = _joined(calibration_batches(cali_data))
     chosen: dict[str, tuple[str, nn.Module, QuantizeBase]] = {}
+    biases: dict[int, list[str]] = {}  # a bias tensor held by several modules: correcting it would move them all
+    for name, module in model.named_modules(remove_duplicate=False):
+        if isinstance(getattr(module, "bias", None), Tensor):
+            biases.setdefault(id(module.bias), []).append(name)
     for node in model.graph.nodes:
         module = _layer(node, modules)
         quantizer = getattr(module, "weight_fake_quant", None)
         if not isinstance(quantizer, QuantizeBase) or module is None:
             continue
         if layers is not None and node.name not in layers:
+            continue
+        holders = biases.get(id(getattr(module, "bias", None)), [])
+        if len(set(holders)) > 1:
+            others = ", ".join(sorted(set(holders) - {str(node.target)}))
+            logger.warning("bias_correction: %s shares its bias with %s (tied); not corrected", node.target, others)
             continue
         chosen.setdefault(str(node.target), (node.name, module, quantizer))
     state: dict[str, list[Any]] = {}  # target -> [original bias, error sum, count]

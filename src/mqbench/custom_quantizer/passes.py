@@ -388,6 +388,13 @@ def fuse_patterns(gm: fx.GraphModule, is_qat: bool) -> fx.GraphModule:
     return _finish(gm)
 
 
+def _float_parameter(module: nn.Module, name: str) -> Any:
+    """``module``'s weight or bias; of its first part for a fused sequence (convolution then activation)."""
+    if not hasattr(module, name) and isinstance(module, nn.Sequential) and len(module):
+        module = module[0]
+    return getattr(module, name, None)
+
+
 def swap_modules(gm: fx.GraphModule, mapping: Mapping[type, Any]) -> fx.GraphModule:
     """Swap each called module annotated with a weight quantizer for ``QAT.from_float(module, factory)``.
 
@@ -395,7 +402,8 @@ def swap_modules(gm: fx.GraphModule, mapping: Mapping[type, Any]) -> fx.GraphMod
     width the annotation sets, if any.
     """
     swapped: set[str] = set()
-    tied = shared_weights(gm)
+    modules = dict(gm.named_modules())
+    tied = {id(_float_parameter(modules[name], "weight")) for name in shared_weights(gm) if name in modules}
     for node in gm.graph.nodes:
         annotation = node.meta.get(ANNOTATION)
         if node.op != "call_module" or str(node.target) in swapped or not isinstance(annotation, Annotation):
@@ -405,10 +413,20 @@ def swap_modules(gm: fx.GraphModule, mapping: Mapping[type, Any]) -> fx.GraphMod
         module = gm.get_submodule(str(node.target))
         qat_class = mapping[type(module)]
         qat = qat_class.from_float(module, annotation.weight)
-        if str(node.target) in tied and qat.weight.shape == module.weight.shape:
+        weight, bias = _float_parameter(module, "weight"), _float_parameter(module, "bias")
+        folds_norm = any(isinstance(part, nn.modules.batchnorm._BatchNorm) for part in module.modules())
+        if (
+            id(weight) in tied
+            and isinstance(weight, nn.Parameter)
+            and qat.weight.shape == weight.shape
+            and not folds_norm
+        ):
             # a weight another module holds too (a language model's embedding table read again as its output
             # layer's weight) stays one tensor in the prepared model, which owns it: trained and transformed as one
-            qat.weight = module.weight
+            # (a layer folding a BatchNorm into its weight keeps its own copy: the folds differ)
+            qat.weight = weight
+            if isinstance(bias, nn.Parameter) and isinstance(qat.bias, nn.Parameter) and qat.bias.shape == bias.shape:
+                qat.bias = bias  # and its bias with it
         weight_quantizer = getattr(qat, "weight_fake_quant", None)
         if isinstance(weight_quantizer, nn.Module):
             set_role(weight_quantizer, QuantizerRole("weight", layer=str(node.target)))
