@@ -227,3 +227,17 @@ def test_fp8_quantizes_the_inputs_of_matrix_products_only():
                     type(module).__name__ if module is not None else getattr(user.target, "__name__", user.target)
                 )
     assert readers and readers <= {"Linear", "matmul"}, readers
+
+
+def test_a_decoder_asking_for_its_kv_cache_is_captured_as_a_prefill() -> None:
+    """transformers' default ``use_cache=True`` returns a cache object torch.export cannot hold: the capture runs
+    without it (the logits of every position) and leaves the model's config as it was."""
+    model = _decoder("llama", tied=True)
+    model.config.use_cache = True
+    qmodel = _prepare(model, "llm_w4a16")
+    assert model.config.use_cache is True
+    disable_all(qmodel)
+    out = qmodel(input_ids=_ids(5))
+    assert list(out.keys()) == ["logits"]
+    reference = _logits(model, _ids(5))
+    torch.testing.assert_close(out.logits, reference, rtol=0, atol=1e-5 * float(reference.abs().max()))

@@ -42,7 +42,8 @@ from __future__ import annotations
 import inspect
 import operator
 import typing
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -51,6 +52,7 @@ from torch import fx, nn
 
 from mqbench.utils.export_ops import ATEN_WRITES, FX_NAMES, after_write, assignment_of
 from mqbench.utils.hf_capture import masks_without_vmap
+from mqbench.utils.logger import logger
 from mqbench.utils.tracer import TracingError, _usable_name, dict_input, trace
 
 __all__ = [
@@ -260,8 +262,38 @@ def export_capture(
     """Capture ``model`` with ``torch.export`` (non-strict, training IR) called on ``example_inputs`` (see
     :func:`split_example_inputs`), as a module-level ``GraphModule`` rooted at ``model`` (see the module's
     docstring). ``dynamic_shapes`` as ``torch.export.export`` takes them (default:
-    :func:`default_dynamic_shapes`). Raises :class:`CaptureError` naming what failed and what to do."""
+    :func:`default_dynamic_shapes`). Raises :class:`CaptureError` naming what failed and what to do.
+
+    A language model whose config asks for a key-value cache (``config.use_cache``, transformers' default) is
+    captured without it, as a prefill (the logits of every position), unless the example inputs name ``use_cache``
+    or ``past_key_values``; the model's config is left as it was."""
     args, kwargs = split_example_inputs(example_inputs)
+    with _prefill_only(model, kwargs):
+        return _export_capture(model, args, kwargs, dynamic_shapes, leaf_modules)
+
+
+@contextmanager
+def _prefill_only(model: nn.Module, kwargs: Mapping[str, Any]) -> Iterator[None]:
+    config = getattr(model, "config", None)
+    asked = "use_cache" in kwargs or "past_key_values" in kwargs
+    if asked or getattr(config, "use_cache", None) is not True:
+        yield
+        return
+    logger.info("%s: captured without its key-value cache (config.use_cache off while capturing)", type(model).__name__)
+    config.use_cache = False  # type: ignore[union-attr]
+    try:
+        yield
+    finally:
+        config.use_cache = True  # type: ignore[union-attr]
+
+
+def _export_capture(
+    model: nn.Module,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    dynamic_shapes: Any,
+    leaf_modules: Sequence[type],
+) -> fx.GraphModule:
     leaves = tuple(leaf_modules)
     program = None
     if dynamic_shapes is None and _batch_of_one(args, kwargs):
