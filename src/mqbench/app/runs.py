@@ -103,20 +103,27 @@ class Run:
 
     @property
     def input_name(self) -> str | None:
-        """The forward argument a Hugging Face model's data feeds; None for other models."""
+        """The forward argument a Hugging Face model's data feeds (``input_ids`` for ``model.type: causal_lm``); None
+        for other models."""
+        if self.config["model"]["type"] == "causal_lm":
+            return "input_ids"
         if self.config["model"]["tracer"] != "huggingface":
             return None
         return str((self.config["model"]["input_names"] or ["input_ids"])[0])
 
     def prepare(self, model: nn.Module) -> fx.GraphModule:
-        """``prepare_by_platform`` with the configuration's backend and ``extra_prepare_dict``."""
+        """``prepare_by_platform`` with the configuration's backend and ``extra_prepare_dict``. A Hugging Face model
+        is captured with transformers' HFTracer where it has one (``model.tracer: huggingface`` on transformers 4),
+        else with torch.export on held-out token ids; ``model.type: causal_lm`` always with torch.export (HFTracer
+        does not trace the decoders of transformers 4.57)."""
         options = dict(self.config["extra_prepare_dict"] or {})
         tracer = None
-        if self.input_name is not None and options.get("capture", "auto") != "export" and has_huggingface_tracer():
+        traced = options.get("capture", "auto") != "export" and self.config["model"]["type"] != "causal_lm"
+        if self.input_name is not None and traced and has_huggingface_tracer():
             tracer = huggingface_tracer()
             fixed = {name: None for name in inspect.signature(model.forward).parameters if name != self.input_name}
             options["concrete_args"] = fixed | dict(options.get("concrete_args") or {})
-        elif self.input_name is not None:  # transformers 5 (no HFTracer): captured with torch.export
+        elif self.input_name is not None:  # transformers 5 (no HFTracer), causal_lm: captured with torch.export
             options["capture"] = "export"
             options.setdefault("example_inputs", {self.input_name: self.verify_samples[:2]})
         try:
@@ -581,7 +588,10 @@ def describe_results(results: dict[str, Any]) -> str:
         return (
             f"{results['model']} on {results['backend']} ({results['method']}): held-out perplexity (lower is "
             f"better) float {ppl(p['float'])}, simulated {ppl(p['simulated'])}, deployed {ppl(p['deployed'])} "
-            f"({p['deployed_artifact']}); verify {verdict}" + (f"; left float: {left_float}" if left_float else "")
+            f"({p['deployed_artifact']}); verify {verdict}"
+            + (f"; left float: {left_float}" if left_float else "")
+            # the text the windows were cut from (a causal_lm run's corpus and its split)
+            + f"\ndata: {results['data']['source']}"
         )
     return (
         f"{results['model']} on {results['backend']} ({results['method']}): float {pct(acc['float'])}, "
