@@ -34,9 +34,15 @@ def test_the_guide_runs_deploys_and_verifies(capsys, tmp_path, monkeypatch):
     assert held_out_perplexity(namespace["qmodel"], evaluation) < held_out_perplexity(nearest, evaluation)
 
 
-def test_the_guide_s_command_line_configuration_is_valid():
-    (block,) = re.findall(r"```yaml\n(.*?)```", DOC.read_text(), flags=re.S)
-    config = parse_config(yaml.safe_load(block), "llm_quantization.md")
+def test_the_guide_s_command_line_configurations_are_valid():
+    decoder, causal_lm = re.findall(r"```yaml\n(.*?)```", DOC.read_text(), flags=re.S)
+    config = parse_config(yaml.safe_load(decoder), "llm_quantization.md")
     quantize = config["quantize"]
     assert (quantize["quantize_type"], quantize["algorithm"], quantize["rotation"]) == ("weight_only", "gptq", {})
     assert config["model"]["task"] == "language_model"
+    config = parse_config(yaml.safe_load(causal_lm), "llm_quantization.md")  # SmolLM2's GGUF file on your text
+    assert (config["model"]["type"], config["model"]["task"], config["data"]["seq_len"]) == (
+        "causal_lm",
+        "language_model",
+        256,
+    )
