@@ -233,3 +233,18 @@ def test_candidates_of_another_form_are_refused_with_the_form_to_write(candidate
     model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU()).eval()
     with pytest.raises(error, match=message):
         search_mixed_precision(model, "academic", [torch.randn(2, 3, 8, 8)], candidates=candidates)
+
+
+@pytest.mark.parametrize(
+    ("budget", "message"),
+    [
+        (12345, r"budget is a mapping such as \{'size_bytes': 12345\} or \{'bitops': N\}, not int 12345"),
+        ({"bytes": 10}, r"budget takes 'size_bytes' and/or 'bitops', not bytes"),
+        ({"size_bytes": -1}, r"budget 'size_bytes' must be a positive number, got -1"),
+        ({"bitops": "1e9"}, r"budget 'bitops' must be a positive number, got '1e9'"),
+    ],
+)
+def test_a_budget_of_another_form_is_refused_with_the_form_to_write(budget, message):
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU()).eval()
+    with pytest.raises(ValueError, match=message):
+        search_mixed_precision(model, "academic", [torch.randn(2, 3, 8, 8)], budget=budget)

@@ -349,6 +349,24 @@ def _candidate_bits(candidates: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
     return chosen[0], chosen[1]
 
 
+def _budget(budget: Any) -> dict[str, float]:
+    """``budget`` checked: a mapping of ``size_bytes`` and/or ``bitops`` to positive numbers (None: no budget)."""
+    if budget is None:
+        return {}
+    if not isinstance(budget, Mapping):
+        raise ValueError(
+            f"budget is a mapping such as {{'size_bytes': {budget!r}}} or {{'bitops': N}}, not "
+            f"{type(budget).__name__} {budget!r}"
+        )
+    unknown = set(budget) - {"size_bytes", "bitops"}
+    if unknown:
+        raise ValueError(f"budget takes 'size_bytes' and/or 'bitops', not {', '.join(sorted(map(str, unknown)))}")
+    for key, value in budget.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+            raise ValueError(f"budget {key!r} must be a positive number, got {value!r}")
+    return dict(budget)
+
+
 def search_mixed_precision(
     model: nn.Module,
     backend: str,
@@ -378,10 +396,7 @@ def search_mixed_precision(
             f"backend {spec.name!r} does not deploy {', '.join(map(str, refused))}-bit quantizers (mixed-precision "
             f"widths: {allowed}); search on a backend that lists them, such as academic"
         )
-    budget = dict(budget or {})
-    unknown = set(budget) - {"size_bytes", "bitops"}
-    if unknown:
-        raise ValueError(f"budget takes 'size_bytes' and/or 'bitops', not {', '.join(sorted(unknown))}")
+    budget = _budget(budget)
     batches = list(cali_data)
     if not batches:
         raise ValueError("search_mixed_precision needs at least one calibration batch")
