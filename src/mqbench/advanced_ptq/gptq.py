@@ -157,17 +157,12 @@ def gptq(model: fx.GraphModule, cali_data: Any, config: Mapping[str, Any] | None
     sites = linear_sites(model, cfg["layers"], "gptq")
     calibrate_weights(model)
     report: dict[str, dict[str, float]] = {}
-    together = [[layer.node for layer in site.layers] for site in sites]
-    with Pipeline(model, cali_data, together, cfg["by_block"], cfg["cache_budget_mb"], "gptq") as pipeline:
-        left = list(sites)
-        for segment in pipeline.segments:
-            here = [site for site in left if site.layers[-1].node in segment]
-            left = [site for site in left if site not in here]
+    with Pipeline.for_sites(model, cali_data, sites, cfg, "gptq") as pipeline:
+        for segment, here, more in pipeline.with_sites(sites):
             for site in here:  # each site's inputs with the sites before it (this block's too) quantized
                 _gptq_site(pipeline, segment, site, cfg, report)
-            if not left:
-                break
-            pipeline.advance(segment)  # the next block's inputs, through this block quantized
+            if more:
+                pipeline.advance(segment)  # the next block's inputs, through this block quantized
     model.meta["gptq"] = report
     # the float model (quantizers off) now holds these rounded weights: verify_deploy's float comparison says so
     model.meta["rounded_weights"] = {"by": "gptq", "layers": sorted(report)}

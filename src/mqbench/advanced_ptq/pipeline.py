@@ -247,6 +247,26 @@ class Pipeline:
         self._boundaries = [_Boundary(self._inputs(batch)) for batch in self.batches]
         self._started = time.perf_counter()
 
+    @classmethod
+    def for_sites(
+        cls, model: fx.GraphModule, cali_data: Any, sites: Sequence[Any], config: Mapping[str, Any], what: str
+    ) -> Pipeline:
+        """A pipeline for layer sites (objects with ``layers``, each with a ``node``), each site's layers in one
+        segment, with ``config``'s ``by_block`` and ``cache_budget_mb``."""
+        together = [[layer.node for layer in site.layers] for site in sites]
+        return cls(model, cali_data, together, config["by_block"], config["cache_budget_mb"], what)
+
+    def with_sites(self, sites: Sequence[Any]) -> Iterator[tuple[Segment, list[Any], bool]]:
+        """Each segment in turn with the sites whose last layer it holds and whether sites remain after it, until
+        the segment of the last site."""
+        left = list(sites)
+        for segment in self.segments:
+            here = [site for site in left if site.layers[-1].node in segment]
+            left = [site for site in left if site not in here]
+            yield segment, here, bool(left)
+            if not left:
+                return
+
     def _inputs(self, batch: Any) -> dict[str, Any]:
         placeholders = [node for node in self.model.graph.nodes if node.op == "placeholder"]
         args: tuple[Any, ...] = ()
