@@ -19,9 +19,9 @@ import pytest
 import torch
 import yaml
 
+from mqbench.app.causal_lm import HELD_OUT_SHARE, load_causal_lm, text_documents, token_stream_windows
 from mqbench.app.config import CAUSAL_LM_SEQ_LEN, ConfigError, load_config, parse_config
 from mqbench.app.runs import describe_results
-from mqbench.app.sources import HELD_OUT_SHARE, load_causal_lm, text_documents, token_stream_windows
 from mqbench.cli import main
 from mqbench.models.decoder import stdlib_corpus
 
@@ -167,9 +167,9 @@ def test_w8a8_with_the_rotation_on_a_causal_lm(corpus, tmp_path):
 
 
 def test_the_configuration_guide_s_causal_lm_example_is_valid():
-    import mqbench.app.config
+    import mqbench.app.causal_lm
 
-    blocks = re.findall(r"code-block:: yaml\n\n(.*?)\n\n", mqbench.app.config.__doc__ or "", flags=re.S)
+    blocks = re.findall(r"code-block:: yaml\n\n(.*?)\n\n", mqbench.app.causal_lm.__doc__ or "", flags=re.S)
     (example,) = [block for block in blocks if "type: causal_lm" in block]
     config = parse_config(yaml.safe_load(textwrap.dedent(example)), "config.py")
     assert config["model"]["path"].endswith("SmolLM2-135M-Instruct.Q4_1.gguf")

