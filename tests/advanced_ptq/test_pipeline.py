@@ -93,22 +93,20 @@ def test_a_decoder_is_cut_into_its_blocks_with_the_head_in_the_last() -> None:
 
 
 @pytest.mark.parametrize("blocks", [2, 3])
-def test_gptq_block_by_block_runs_each_block_a_few_times_whatever_the_depth(blocks: int) -> None:
-    """Each block runs once per site it holds (4 on Llama) and once to hand its output on: 5 times per batch, at
-    any depth; the whole-model path runs block k once per site from block k on (it stops after each site), a total
-    growing with the square of the depth."""
-    counts: dict[str, dict[int, int]] = {}
+def test_gptq_runs_each_block_about_twice_whatever_the_depth(blocks: int) -> None:
+    """Each site's inputs come from the state kept just before the site before it (that one now rounded), so a
+    block's first norm runs once per batch and its last layer twice (for its own site, then to hand the block's
+    output on; the last block's once), at any depth, block by block or with the whole model as one segment."""
     for by_block in (True, False):
         qmodel = _prepared(blocks)
-        seen = {k: 0 for k in range(blocks)}
-        for k in range(blocks):
-            norm = qmodel.get_submodule(f"model.layers.{k}.input_layernorm")
-            norm.register_forward_hook(lambda *args, k=k, seen=seen: seen.__setitem__(k, seen[k] + 1))
-        batches = [_padded(1), _padded(2)]
-        gptq(qmodel, batches, {"by_block": by_block})
-        counts[str(by_block)] = seen
-    assert counts["True"] == {k: (5 if k < blocks - 1 else 4) * 2 for k in range(blocks)}
-    assert counts["False"] == {k: 4 * (blocks - k) * 2 for k in range(blocks)}
+        seen = {(k, part): 0 for k in range(blocks) for part in ("input_layernorm", "mlp.down_proj")}
+        for k, part in seen:
+            module = qmodel.get_submodule(f"model.layers.{k}.{part}")
+            module.register_forward_hook(lambda *args, key=(k, part), seen=seen: seen.__setitem__(key, seen[key] + 1))
+        gptq(qmodel, [_padded(1), _padded(2)], {"by_block": by_block})
+        assert seen == {(k, part): 2 * (2 if part == "mlp.down_proj" and k < blocks - 1 else 1) for k, part in seen}, (
+            by_block
+        )
 
 
 @pytest.mark.parametrize("algorithm", ["gptq", "awq"])

@@ -177,12 +177,14 @@ def _gptq_site(
     hessians: dict[str, Tensor] = {}
     tokens = {layer.name: 0 for layer in site.layers}
 
-    def reduce(layer: Layer, rows: Tensor) -> None:  # each layer's sum of x^T x and its number of rows
+    def reduce(layer: Layer, rows: Tensor) -> None:  # each layer's sum of x^T x (float64: any batching, one sum)
         total = rows.T @ rows
         hessians[layer.name] = total if layer.name not in hessians else hessians[layer.name] + total
         tokens[layer.name] += rows.shape[0]
 
-    pipeline.gather(segment, site.layers, reduce, until=site.layers[-1].node)
+    # the block runs from the state before this site (the sites before it are rounded already) up to its last layer
+    first, last = site.layers[0].node, site.layers[-1].node
+    pipeline.gather(segment, site.layers, reduce, until=last, checkpoint=first)
     for layer in site.layers:
         if not tokens[layer.name]:
             logger.info("gptq: %s saw no input; left as it was", layer.name)

@@ -244,6 +244,7 @@ class Pipeline:
         self._budget = None if cache_budget_mb is None else float(cache_budget_mb) * 2**20
         self._folder: tempfile.TemporaryDirectory[str] | None = None
         self._reached = 0  # the segment whose start the boundaries hold
+        self._checkpoints: dict[int, tuple[int, int, dict[fx.Node, Any]]] = {}  # batch: (segment, node index, env)
         self._boundaries = [_Boundary(self._inputs(batch)) for batch in self.batches]
         self._started = time.perf_counter()
 
@@ -297,12 +298,22 @@ class Pipeline:
         if len(self.model.graph.nodes) != self._graph_size:
             raise RuntimeError(f"{self.what}: the graph changed while the calibration pipeline ran over it")
 
-    def _run(self, segment: Segment, batch: int, stop: fx.Node | None) -> dict[str, Any]:
-        """Segment ``segment`` on batch ``batch`` from its boundary, up to ``stop`` (included) or its end; the env."""
-        boundary = self._boundaries[batch].load()
-        values: dict[fx.Node, Any] = {self._named[name]: value for name, value in boundary.items()}
+    def _run(
+        self, segment: Segment, batch: int, stop: fx.Node | None, checkpoint: fx.Node | None = None
+    ) -> dict[str, Any]:
+        """Segment ``segment`` on batch ``batch`` from its boundary (or from the state kept at its checkpoint), up to
+        ``stop`` (included) or its end; the env. ``checkpoint``: keep the state met just before that node runs."""
+        kept = self._checkpoints.get(batch)
+        if kept is not None and kept[0] == segment.index:
+            start, values = kept[1], dict(kept[2])
+        else:
+            boundary = self._boundaries[batch].load()
+            start, values = 0, {self._named[name]: value for name, value in boundary.items()}
         self._interpreter.env = values
-        for node in segment.nodes:
+        for index in range(start, len(segment.nodes)):
+            node = segment.nodes[index]
+            if node is checkpoint:
+                self._checkpoints[batch] = (segment.index, index, dict(values))
             if node.op == "placeholder":
                 continue
             values[node] = self._interpreter.run_node(node)
@@ -323,10 +334,15 @@ class Pipeline:
         until: fx.Node | None = None,
         advance: bool = False,
         each_batch: Callable[[Any], None] | None = None,
+        checkpoint: fx.Node | None = None,
     ) -> None:
         """Run ``segment`` on every batch with forward pre-hooks ``hooks`` (module -> hook) and the quantizers as
         ``switches`` sets them (None: as they are); ``until``: stop after that node; ``advance``: run to the end and
-        keep the boundary for the next segment. ``each_batch(batch)`` is called before each batch runs."""
+        keep the boundary for the next segment. ``each_batch(batch)`` is called before each batch runs.
+
+        ``checkpoint``: keep each batch's state just before that node runs, and start the later runs of this
+        segment there rather than at its start: the caller changes nothing the nodes before it compute (GPTQ
+        rounds the layers of the site at the checkpoint and after it). A run starts at the last checkpoint kept."""
         if segment.index != self._reached:
             raise RuntimeError(f"{self.what}: segment {segment.name} is not the one the pipeline reached")
         self._check_graph()
@@ -338,9 +354,10 @@ class Pipeline:
             for i, batch in enumerate(self.batches):
                 if each_batch is not None:
                     each_batch(batch)
-                env = self._run(segment, i, None if advance else until)
+                env = self._run(segment, i, None if advance else until, checkpoint)
                 if advance:
                     self._keep(segment, i, env)
+                    self._checkpoints.pop(i, None)
         if advance:
             self._advanced(segment)
 
@@ -352,12 +369,14 @@ class Pipeline:
         weights: bool = True,
         until: fx.Node | None = None,
         advance: bool = False,
+        checkpoint: fx.Node | None = None,
+        dtype: torch.dtype = torch.float64,
     ) -> None:
         """Run ``segment`` on every batch with the weights quantized (``weights``) or float (activation quantizers as
         they are, observers off), calling ``reduce(layer, rows)`` with each layer's input as rows ``[tokens,
-        in_features]`` (float64) (``layers``: objects with ``module``). A batch given as a dict with an
+        in_features]`` (of ``dtype``) (``layers``: objects with ``module``). A batch given as a dict with an
         ``attention_mask`` ``[N, L]`` contributes only its tokens' rows, not its padding's, to layers whose input
-        is ``[N, L, in]`` (or ``[N * L, in]``). ``until`` and ``advance``: as for :meth:`run`.
+        is ``[N, L, in]`` (or ``[N * L, in]``). ``until``, ``advance`` and ``checkpoint``: as for :meth:`run`.
         """
         tokens: list[Tensor | None] = [None]
 
@@ -368,11 +387,12 @@ class Pipeline:
             return x.reshape(-1, x.shape[-1])
 
         def hook_of(layer: Any) -> Callable[[nn.Module, tuple[Any, ...]], None]:
-            return lambda module, args: reduce(layer, rows_of(args[0].detach()).double())
+            return lambda module, args: reduce(layer, rows_of(args[0].detach()).to(dtype))
 
         hooks = {layer.module: hook_of(layer) for layer in layers}
         switches = weights_quantized_only(self.model, weights)
-        self.run(segment, hooks, switches, until, advance, lambda batch: tokens.__setitem__(0, token_mask(batch)))
+        tokens_of = lambda batch: tokens.__setitem__(0, token_mask(batch))  # noqa: E731
+        self.run(segment, hooks, switches, until, advance, tokens_of, checkpoint)
 
     @torch.no_grad()
     def run_all(
@@ -419,6 +439,7 @@ class Pipeline:
 
     def close(self) -> None:
         """Drop the cached boundaries (and their files)."""
+        self._checkpoints = {}
         for boundary in self._boundaries:
             boundary.drop()
         self._boundaries = []
