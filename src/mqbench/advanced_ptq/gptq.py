@@ -46,6 +46,7 @@ from torch import Tensor, fx
 from mqbench.advanced_ptq.pipeline import Pipeline, Segment
 from mqbench.advanced_ptq.weight_only import (
     PIPELINE_DEFAULTS,
+    Layer,
     Site,
     calibrate_weights,
     config_with,
@@ -173,13 +174,17 @@ def _gptq_site(
     pipeline: Pipeline, segment: Segment, site: Site, cfg: Mapping[str, Any], report: dict[str, dict[str, float]]
 ) -> None:
     """GPTQ of the layers of ``site`` on their inputs, gathered by running ``segment`` up to the last of them."""
-    grams = {layer.name: _Gram() for layer in site.layers}
+    hessians: dict[str, Tensor] = {}
+    tokens = {layer.name: 0 for layer in site.layers}
+
+    def reduce(layer: Layer, rows: Tensor) -> None:  # each layer's sum of x^T x (float64: any batching, one sum)
+        total = rows.T @ rows
+        hessians[layer.name] = total if layer.name not in hessians else hessians[layer.name] + total
+        tokens[layer.name] += rows.shape[0]
+
     # the block runs from the state before this site (the sites before it are rounded already) up to its last layer
     first, last = site.layers[0].node, site.layers[-1].node
-    reduce = lambda layer, rows: grams[layer.name].add(rows)  # noqa: E731
-    pipeline.gather(segment, site.layers, reduce, until=last, checkpoint=first, dtype=torch.float32)
-    hessians = {name: gram.total() for name, gram in grams.items() if gram.rows}
-    tokens = {name: gram.rows for name, gram in grams.items()}
+    pipeline.gather(segment, site.layers, reduce, until=last, checkpoint=first)
     for layer in site.layers:
         if not tokens[layer.name]:
             logger.info("gptq: %s saw no input; left as it was", layer.name)
@@ -208,44 +213,6 @@ def _gptq_site(
             "gptq": _output_error(weight, rounded, H),
             "seconds": time.perf_counter() - started,
         }
-
-
-class _Gram:
-    """``sum x^T x`` over the rows given, as float32 products of consecutive chunks of ``CHUNK`` rows (in the order
-    the rows come, whatever batches they came in) summed in float64: the same sum for the same rows however they
-    are batched, at float32's speed."""
-
-    CHUNK = 512
-
-    def __init__(self) -> None:
-        self.sum: Tensor | None = None
-        self.pending: list[Tensor] = []
-        self.waiting = 0
-        self.rows = 0
-
-    def add(self, rows: Tensor) -> None:
-        self.pending.append(rows.float())
-        self.waiting += rows.shape[0]
-        self.rows += rows.shape[0]
-        if self.waiting >= self.CHUNK:
-            x = torch.cat(self.pending)
-            full = x.shape[0] - x.shape[0] % self.CHUNK
-            for start in range(0, full, self.CHUNK):
-                self._product(x[start : start + self.CHUNK])
-            self.pending = [x[full:]] if full < x.shape[0] else []
-            self.waiting = x.shape[0] - full
-
-    def _product(self, x: Tensor) -> None:
-        product = (x.T @ x).double()
-        self.sum = product if self.sum is None else self.sum + product
-
-    def total(self) -> Tensor:
-        if self.pending:
-            self._product(torch.cat(self.pending))
-            self.pending, self.waiting = [], 0
-        if self.sum is None:
-            raise ValueError("no rows")
-        return self.sum
 
 
 def _qparams_of(quantizer: QuantizeBase) -> QParams:
