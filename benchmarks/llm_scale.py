@@ -179,6 +179,7 @@ def run_smollm2(args: argparse.Namespace) -> dict[str, Any]:
                 "ppl": perplexity(qmodel),
                 "seconds": done - prepared,
                 "prepare_seconds": prepared - started,
+                "measured": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
             }
             row = rows[f"mqbench {method}"]
             print(f"  mqbench {method}: {row['ppl']:.4f} ({row['seconds']:.0f} s)", flush=True)
@@ -203,7 +204,11 @@ def run_smollm2(args: argparse.Namespace) -> dict[str, Any]:
                 continue
             result = json.loads(out.read_text())
             peer[mode] = result
-            rows[f"llm-compressor {mode}"] = {"ppl": result["ppl"], "seconds": result["seconds"]}
+            rows[f"llm-compressor {mode}"] = {
+                "ppl": result["ppl"],
+                "seconds": result["seconds"],
+                "measured": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+            }
             print(f"  llm-compressor {mode}: {result['ppl']:.4f} ({result['seconds']:.0f} s)", flush=True)
     return {"rows": rows, "peer": peer, "draws": drawn.get("draws")}
 
@@ -240,16 +245,22 @@ def main() -> None:
     for key in ("machine", "host"):
         results.pop(key, None)
     results.setdefault("args", {})
-    if "scaling" in parts:
-        results["scaling"] = run_scaling(args)
+    if "scaling" in parts:  # with --merge, the rows not run again are kept
+        ident = lambda r: (r["algorithm"], r["blocks"], r["by_block"])  # noqa: E731
+        fresh = run_scaling(args)["rows"]
+        kept = [r for r in results.get("scaling", {}).get("rows", []) if ident(r) not in {ident(f) for f in fresh}]
+        order = lambda r: (r["algorithm"], not r["by_block"], r["blocks"])  # noqa: E731
+        results["scaling"] = {"rows": sorted(kept + fresh, key=order)}
         results["args"]["scaling"] = vars(args)
     if "tinyllama" in parts:  # TinyLlama-1.1B's shape, random weights: GPTQ W4A16 g128
         shape = {"width": 2048, "mlp": 5632, "heads": 32, "kv_heads": 4, "vocab": 32000, "group_size": 128}
         row = _measure("gptq", 22, True, argparse.Namespace(**{**vars(args), **shape}))
         results["tinyllama"] = {"shape": {**shape, "blocks": 22}, "row": row}
         results["args"]["tinyllama"] = vars(args)
-    if "smollm2" in parts:
+    if "smollm2" in parts:  # with --merge, the rows not run again are kept (each row says when it was measured)
+        earlier_rows = results.get("smollm2", {}).get("rows", {})
         results["smollm2"] = run_smollm2(args)
+        results["smollm2"]["rows"] = {**earlier_rows, **results["smollm2"]["rows"]}
         results["args"]["smollm2"] = vars(args)
         float_ppl = results["smollm2"]["rows"]["float"]["ppl"]
         print_table(

@@ -107,13 +107,15 @@ def _quantized(quantizer: QuantizeBase, x: Tensor) -> Tensor:
 
 
 class _Statistics:
-    """Per-channel extremes of a quantizer's input over the calibration data, and a sample of its rows."""
+    """Per-channel extremes of a quantizer's input over the calibration data, and a uniform sample of ``rows`` of
+    its rows (each row a random key, the smallest kept: the memory is the sample's, however much data runs)."""
 
     def __init__(self, rows: int, generator: torch.Generator) -> None:
         self.rows, self.generator = rows, generator
         self.low: Tensor | None = None
         self.high: Tensor | None = None
-        self.sample: list[Tensor] = []
+        self.sample: Tensor | None = None
+        self.keys: Tensor | None = None
 
     def __call__(self, module: nn.Module, args: tuple[Any, ...]) -> None:
         x = args[0].detach().float()
@@ -121,15 +123,16 @@ class _Statistics:
         low, high = flat.amin(0), flat.amax(0)
         self.low = low if self.low is None else torch.minimum(self.low, low)
         self.high = high if self.high is None else torch.maximum(self.high, high)
-        pick = torch.randperm(flat.shape[0], generator=self.generator)[: self.rows]
-        self.sample.append(flat[pick])
+        keys = torch.rand(flat.shape[0], generator=self.generator)
+        if self.sample is not None and self.keys is not None:
+            flat, keys = torch.cat([self.sample, flat]), torch.cat([self.keys, keys])
+        keep = torch.argsort(keys)[: self.rows]
+        self.sample, self.keys = flat[keep].clone(), keys[keep]
 
     def rows_for_search(self) -> Tensor:
-        sample = torch.cat(self.sample)
-        pick = torch.randperm(sample.shape[0], generator=self.generator)[: self.rows]
-        assert self.low is not None and self.high is not None
+        assert self.sample is not None and self.low is not None and self.high is not None
         # the extremes make the sample's range the calibration data's range (per-channel ones included)
-        return torch.cat([sample[pick], self.low[None], self.high[None]])
+        return torch.cat([self.sample, self.low[None], self.high[None]])
 
 
 def _error(x: Tensor, layers: Sequence[nn.Linear], act: QuantizeBase, scale: Tensor | None) -> float:
