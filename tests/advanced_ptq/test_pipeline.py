@@ -204,3 +204,17 @@ def test_calibration_and_smoothquant_block_by_block_equal_the_model_called_whole
     for key, tensor in first.items():
         assert torch.equal(tensor, second[key]), key
     assert torch.equal(logits, reference)
+
+
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        ({"by_block": "yes"}, r"gptq config by_block must be true or false, got 'yes'"),
+        ({"cache_budget_mb": -1}, r"gptq config cache_budget_mb must be a number of MiB >= 0 .*, got -1"),
+        ({"cache_budget_mb": "1G"}, r"gptq config cache_budget_mb must be a number of MiB >= 0 .*, got '1G'"),
+    ],
+)
+def test_pipeline_keys_of_another_form_are_refused(config: dict, message: str) -> None:
+    qmodel = prepare_by_platform(nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2)).eval(), "llm_w8a16")
+    with pytest.raises(ValueError, match=message):
+        gptq(qmodel, [torch.randn(4, 8)], config)

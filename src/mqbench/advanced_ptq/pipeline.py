@@ -230,6 +230,15 @@ class Pipeline:
         cache_budget_mb: float | None = 2048,
         what: str = "calibration",
     ) -> None:
+        if not isinstance(by_block, bool):
+            raise ValueError(f"{what} config by_block must be true or false, got {by_block!r}")
+        if cache_budget_mb is not None and (
+            isinstance(cache_budget_mb, bool) or not isinstance(cache_budget_mb, (int, float)) or cache_budget_mb < 0
+        ):
+            raise ValueError(
+                f"{what} config cache_budget_mb must be a number of MiB >= 0 (or None: never spill), "
+                f"got {cache_budget_mb!r}"
+            )
         self.model = model
         self.what = what
         self.batches = calibration_batches(cali_data)
