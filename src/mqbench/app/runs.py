@@ -40,6 +40,7 @@ import torch.utils._pytree as pytree
 from torch import Tensor, fx, nn
 from tqdm.auto import tqdm
 
+from mqbench.app.causal_lm import load_causal_lm
 from mqbench.app.check import DeployCheck, deployed_runner
 from mqbench.app.config import ConfigError, load_config
 from mqbench.app.distributed import Processes
@@ -196,7 +197,8 @@ def load_run(
 ) -> tuple[Run, nn.Module, str]:
     """The run of a checked configuration: its data loaded; with its float model and a description of it."""
     if config["model"]["task"] == "language_model":
-        model, described, data = load_language_model(config)
+        load = load_causal_lm if config["model"]["type"] == "causal_lm" else load_language_model
+        model, described, data = load(config)
     else:
         model, described = load_model(config["model"])
         data = fit_channels(load_data(config["data"], token_ids=config["model"]["tracer"] == "huggingface"), model)

@@ -207,12 +207,9 @@ def load_model(section: dict[str, Any]) -> tuple[nn.Module, str]:
 def load_language_model(config: dict[str, Any]) -> tuple[nn.Module, str, Data]:
     """``model.type: tiny_gpt``: the trained decoder (eval mode), a description, and its data (see the module
     docstring): calibration windows ``[cali_batchsize x batch_size, 128]`` as ``train``, held-out windows
-    ``[max_eval, 129]`` as ``val``, no labels. ``model.type: causal_lm``: :func:`load_causal_lm`."""
+    ``[max_eval, 129]`` as ``val``, no labels (``model.type: causal_lm``:
+    :func:`mqbench.app.causal_lm.load_causal_lm`)."""
     section = config["model"]
-    if section["type"] == "causal_lm":
-        from mqbench.app.causal_lm import load_causal_lm  # it reads Data from here
-
-        return load_causal_lm(config)
     recipe = decoder_recipe(section["kwargs"] or {})
     model, train_bytes, held_bytes = trained_decoder(recipe)
     changed = ", ".join(f"{key} {value}" for key, value in (section["kwargs"] or {}).items())
