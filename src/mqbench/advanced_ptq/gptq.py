@@ -16,7 +16,8 @@ one value) at a time in graph order, each site's inputs computed with the layers
 stack of blocks (a transformer) the calibration data runs block by block (:class:`~mqbench.advanced_ptq.pipeline.
 Pipeline`): a block's sites are gathered by rerunning that block alone from its cached inputs, and the block's
 quantized outputs become the next block's inputs, so the cost grows linearly with depth (``by_block: False``: the
-whole model for every site, as the same results, slower).
+whole model as one segment, the same results). Within a segment each site's gathering starts from the state kept
+just before the site before it.
 Each layer's weight is replaced by its rounded values and its weight quantizer keeps the scales GPTQ used (its
 observer stopped). ``model.meta["gptq"]`` holds per layer the output error of rounding to nearest and of GPTQ;
 ``model.meta["rounded_weights"]`` names the layers whose float weights are now the rounded ones.
