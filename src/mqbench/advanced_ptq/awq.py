@@ -39,7 +39,7 @@ from typing import Any
 import torch
 from torch import Tensor, fx
 
-from mqbench.advanced_ptq.pipeline import Pipeline
+from mqbench.advanced_ptq.pipeline import Pipeline, check_keys
 from mqbench.advanced_ptq.smoothing import ChannelScale, _free_name, _insert_channel_scale
 from mqbench.advanced_ptq.weight_only import (
     PIPELINE_DEFAULTS,
@@ -66,7 +66,7 @@ AWQ_DEFAULTS: Mapping[str, Any] = {
     "sample_rows": 4096,  # calibration rows (tokens) the searches use per site, drawn at random (seeded)
     "seed": 0,
     "layers": None,  # names of the linear layers to run on (default: every one with an enabled weight quantizer)
-    **PIPELINE_DEFAULTS,  # by_block, cache_budget_mb: how the calibration data runs through the model
+    **PIPELINE_DEFAULTS,  # by_block, cache_budget_mb, device: how the calibration data runs through the model
 }
 
 
@@ -94,10 +94,11 @@ def _clip_ratios(layer: Layer, weight: Tensor, x: Tensor, ratios: list[float]) -
     quantizer = layer.quantizer
     size = quantizer.group_size or weight.shape[1]
     groups = (weight.shape[1] + size - 1) // size
-    best = torch.full((weight.shape[0], groups), float("inf"))
-    chosen = torch.ones(weight.shape[0], groups)
-    scale = torch.zeros(weight.shape[0] * groups)
-    zero = torch.zeros(weight.shape[0] * groups)
+    on = {"device": weight.device}
+    best = torch.full((weight.shape[0], groups), float("inf"), **on)
+    chosen = torch.ones(weight.shape[0], groups, **on)
+    scale = torch.zeros(weight.shape[0] * groups, **on)
+    zero = torch.zeros(weight.shape[0] * groups, **on)
     for ratio in ratios:
         s, z = grid_qparams(quantizer, _shrunk(weight, size, ratio))
         delta = on_grid(quantizer, weight, s, z) - weight
@@ -120,7 +121,7 @@ def _clip_ratios(layer: Layer, weight: Tensor, x: Tensor, ratios: list[float]) -
 def _shrunk(weight: Tensor, size: int, ratio: float) -> Tensor:
     """``weight`` with each (row, group of ``size`` columns) clamped to ``ratio`` times its [min, max]."""
     columns = weight.shape[1]
-    index = torch.arange(columns) // size
+    index = torch.arange(columns, device=weight.device) // size
     groups = int(index.max()) + 1
     low = torch.stack([weight[:, index == g].amin(dim=1) for g in range(groups)], dim=1)[:, index]
     high = torch.stack([weight[:, index == g].amax(dim=1) for g in range(groups)], dim=1)[:, index]
@@ -133,6 +134,7 @@ def _scale_inputs(model: fx.GraphModule, site: Site, inverse: Tensor) -> str:
     modules = dict(model.named_modules())
     source = site.source
     readers = {layer.node for layer in site.layers}
+    inverse = inverse.to(site.layers[0].module.weight.device)  # the scale was found where the block ran
     if (
         source.op == "call_module"
         and isinstance(modules.get(str(source.target)), QuantizeBase)
@@ -167,9 +169,11 @@ class _Samples:
 
     def __call__(self, layer: Layer, x: Tensor) -> None:
         key = layer.name
-        self.sums[key] = self.sums.get(key, torch.zeros(x.shape[1], dtype=torch.float64)) + x.abs().sum(0)
+        self.sums[key] = self.sums.get(
+            key, torch.zeros(x.shape[1], dtype=torch.float64, device=x.device)
+        ) + x.abs().sum(0)
         self.seen[key] = self.seen.get(key, 0) + x.shape[0]
-        keys = torch.rand(x.shape[0], generator=self.generators[key])
+        keys = torch.rand(x.shape[0], generator=self.generators[key]).to(x.device)  # the same draw on any device
         held = self.rows.get(key)
         pool = x.float() if held is None else torch.cat([held[0], x.float()])
         weights = keys if held is None else torch.cat([held[1], keys])
@@ -211,7 +215,7 @@ def _awq_site(
         weight = layer.quantizer.deploy_weight(layer.module.weight.detach()).float()
         if cfg["clip"]:
             chosen, s, z = _clip_ratios(layer, weight, x_scaled, ratios)
-            report["clip"][layer.name] = chosen
+            report["clip"][layer.name] = chosen.cpu()
         else:
             s, z = grid_qparams(layer.quantizer, weight)
         fix_qparams(layer.quantizer, s, z)
@@ -231,6 +235,7 @@ def awq(model: fx.GraphModule, cali_data: Any, config: Mapping[str, Any] | None 
             raise ValueError(f"awq config {key} must be a positive int, got {cfg[key]!r}")
     if not 0 < float(cfg["max_shrink"]) <= 1:
         raise ValueError(f"awq config max_shrink must be in (0, 1], got {cfg['max_shrink']!r}")
+    check_keys(cfg, "awq")
     sites = linear_sites(model, cfg["layers"], "awq")
     calibrate_weights(model)
     report: dict[str, Any] = {"sites": {}, "clip": {}}

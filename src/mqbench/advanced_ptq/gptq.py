@@ -44,7 +44,7 @@ from typing import Any
 import torch
 from torch import Tensor, fx
 
-from mqbench.advanced_ptq.pipeline import Pipeline, Segment
+from mqbench.advanced_ptq.pipeline import Pipeline, Segment, check_keys
 from mqbench.advanced_ptq.weight_only import (
     PIPELINE_DEFAULTS,
     Layer,
@@ -66,7 +66,7 @@ GPTQ_DEFAULTS: Mapping[str, Any] = {
     "damp": 0.01,  # fraction of the mean of diag(H) added to its diagonal
     "act_order": False,  # round columns of largest H_ii first (group scales then from the weights before updates)
     "layers": None,  # names of the linear layers to run on (default: every one with an enabled weight quantizer)
-    **PIPELINE_DEFAULTS,  # by_block, cache_budget_mb: how the calibration data runs through the model
+    **PIPELINE_DEFAULTS,  # by_block, cache_budget_mb, device: how the calibration data runs through the model
 }
 
 QParams = Callable[[Tensor], tuple[Tensor, Tensor]]
@@ -103,24 +103,27 @@ def gptq_quantize(
     W[:, dead] = 0.0
     size = group_size or columns
     groups = (columns + size - 1) // size
-    scales = torch.zeros(rows, groups, dtype=torch.float64)
-    zeros = torch.zeros(rows, groups, dtype=torch.float64)
+    device = W.device
+    scales = torch.zeros(rows, groups, dtype=torch.float64, device=device)
+    zeros = torch.zeros(rows, groups, dtype=torch.float64, device=device)
     known = torch.zeros(groups, dtype=torch.bool)
     if group_size is None or act_order:  # from the weights before any update
         for g in range(groups):
             s, z = qparams(W[:, g * size : (g + 1) * size])
             scales[:, g], zeros[:, g] = s.double().reshape(-1), z.double().reshape(-1)
         known[:] = True
-    perm = torch.argsort(torch.diag(H), descending=True) if act_order else torch.arange(columns)
+    perm = torch.argsort(torch.diag(H), descending=True) if act_order else torch.arange(columns, device=device)
+    order = perm.tolist()  # the column each step rounds, read once (not a device sync per column)
     W, H = W[:, perm], H[perm][:, perm]
-    H += damp * torch.mean(torch.diag(H)) * torch.eye(columns, dtype=torch.float64)
+    H += damp * torch.mean(torch.diag(H)) * torch.eye(columns, dtype=torch.float64, device=device)
     U = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(H)), upper=True)
     Q = torch.zeros_like(W)
     for i1 in range(0, columns, block_size):
         i2 = min(i1 + block_size, columns)
-        W1, Err1, U1 = W[:, i1:i2].clone(), torch.zeros(rows, i2 - i1, dtype=torch.float64), U[i1:i2, i1:i2]
+        W1, Err1 = W[:, i1:i2].clone(), torch.zeros(rows, i2 - i1, dtype=torch.float64, device=device)
+        U1 = U[i1:i2, i1:i2]
         for i in range(i2 - i1):
-            column = int(perm[i1 + i])
+            column = order[i1 + i]
             g = column // size
             if not known[g]:  # its first column (no act_order: columns in order): the weights as updated so far
                 pending = W[:, i2:] - Err1[:, :i] @ U[i1 : i1 + i, i2:]
@@ -155,6 +158,7 @@ def gptq(model: fx.GraphModule, cali_data: Any, config: Mapping[str, Any] | None
         raise ValueError(f"gptq config block_size must be a positive int, got {cfg['block_size']!r}")
     if not 0 <= float(cfg["damp"]) < 1:
         raise ValueError(f"gptq config damp must be in [0, 1), got {cfg['damp']!r}")
+    check_keys(cfg, "gptq")
     sites = linear_sites(model, cfg["layers"], "gptq")
     calibrate_weights(model)
     report: dict[str, dict[str, float]] = {}

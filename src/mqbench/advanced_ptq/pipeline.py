@@ -14,6 +14,12 @@ calibration set, spilled to memory-mapped files past ``cache_budget_mb``.
 
 A model without a stack of blocks is one segment: ``gather`` then runs the whole model, as before.
 
+``device``: each segment's parameters and buffers are moved to that device while the segment is gathered,
+quantized and run, and moved back after it (the model ends where it was); the cached boundaries stay on the host.
+A model kept on the host thus runs block by block on a GPU holding one block and one batch at a time. Tensors are
+moved in place (``param.data``), so tied weights stay one tensor; constants the capture wrote into the graph
+(``torch.arange(..., device="cpu")`` in the mask code) are created on the segment's device.
+
 The segments are found from the modules' names: the container path followed by an index that most modules share
 (``model.layers``, ``encoder.layer``, ``transformer.h``), the blocks in the graph's order one after another. Layers
 that must be gathered together (the layers of one site) never straddle a cut: the segments they span are merged.
@@ -59,7 +65,9 @@ __all__ = [
     "PIPELINE_DEFAULTS",
     "Pipeline",
     "Segment",
+    "check_keys",
     "one_pass",
+    "run_device",
     "segments_of",
     "token_mask",
     "weights_quantized_only",
@@ -68,6 +76,7 @@ __all__ = [
 PIPELINE_DEFAULTS: Mapping[str, Any] = {
     "by_block": True,  # run the calibration data block by block (False: the whole model for every gathering)
     "cache_budget_mb": 2048,  # past this, the cached boundary values go to memory-mapped temporary files
+    "device": None,  # where each block runs ("cuda", "cuda:1", ...; None: where the model is), then moved back
 }
 
 _INDEXED = re.compile(r"^(?P<container>.+?)\.(?P<index>\d+)(?:\.|$)")
@@ -229,18 +238,13 @@ class Pipeline:
         by_block: bool = True,
         cache_budget_mb: float | None = 2048,
         what: str = "calibration",
+        device: str | torch.device | None = None,
     ) -> None:
-        if not isinstance(by_block, bool):
-            raise ValueError(f"{what} config by_block must be true or false, got {by_block!r}")
-        if cache_budget_mb is not None and (
-            isinstance(cache_budget_mb, bool) or not isinstance(cache_budget_mb, (int, float)) or cache_budget_mb < 0
-        ):
-            raise ValueError(
-                f"{what} config cache_budget_mb must be a number of MiB >= 0 (or None: never spill), "
-                f"got {cache_budget_mb!r}"
-            )
+        check_keys({"by_block": by_block, "cache_budget_mb": cache_budget_mb, "device": device}, what)
         self.model = model
         self.what = what
+        self.device = run_device(device, what)
+        self._on: Segment | None = None  # the segment whose tensors are on self.device
         self.batches = calibration_batches(cali_data)
         self.segments = segments_of(model, together, by_block)
         self._graph_size = len(model.graph.nodes)
@@ -249,7 +253,11 @@ class Pipeline:
         self._last_use = {
             node: max((self._position[user] for user in node.users), default=-1) for node in model.graph.nodes
         }
-        self._interpreter = fx.Interpreter(model, garbage_collect_values=False)
+        self._interpreter = (
+            fx.Interpreter(model, garbage_collect_values=False)
+            if self.device is None
+            else _OnDevice(model, self.device)
+        )
         self._budget = None if cache_budget_mb is None else float(cache_budget_mb) * 2**20
         self._folder: tempfile.TemporaryDirectory[str] | None = None
         self._reached = 0  # the segment whose start the boundaries hold
@@ -264,7 +272,8 @@ class Pipeline:
         """A pipeline for layer sites (objects with ``layers``, each with a ``node``), each site's layers in one
         segment, with ``config``'s ``by_block`` and ``cache_budget_mb``."""
         together = [[layer.node for layer in site.layers] for site in sites]
-        return cls(model, cali_data, together, config["by_block"], config["cache_budget_mb"], what)
+        by_block, budget, device = config["by_block"], config["cache_budget_mb"], config.get("device")
+        return cls(model, cali_data, together, by_block, budget, what, device)
 
     def with_sites(self, sites: Sequence[Any]) -> Iterator[tuple[Segment, list[Any], bool]]:
         """Each segment in turn with the sites whose last layer it holds and whether sites remain after it, until
@@ -273,9 +282,30 @@ class Pipeline:
         for segment in self.segments:
             here = [site for site in left if site.layers[-1].node in segment]
             left = [site for site in left if site not in here]
-            yield segment, here, bool(left)
+            with self.on_device(segment):  # the algorithm's work on the segment's layers happens there too
+                yield segment, here, bool(left)
             if not left:
                 return
+
+    @contextmanager
+    def on_device(self, segment: Segment) -> Iterator[None]:
+        """``segment``'s parameters and buffers on the pipeline's device (if it has one) while in the block, moved
+        back after it."""
+        if self.device is None or self._on is segment:
+            yield
+            return
+        outer, self._on = self._on, segment
+        slots = _slots(self.model, segment)
+        homes = _move(slots, self.device)
+        try:
+            yield
+        finally:  # by slot: an algorithm may have put a new tensor in one (new quantization parameters)
+            host = next((home for home in homes if home is not None), torch.device("cpu"))
+            for (module, name), home in zip(slots, homes, strict=True):
+                tensor, home = getattr(module, name, None), home or host
+                if isinstance(tensor, Tensor) and tensor.device != home:
+                    tensor.data = tensor.data.to(home)
+            self._on = outer
 
     def _inputs(self, batch: Any) -> dict[str, Any]:
         placeholders = [node for node in self.model.graph.nodes if node.op == "placeholder"]
@@ -317,6 +347,8 @@ class Pipeline:
             start, values = kept[1], dict(kept[2])
         else:
             boundary = self._boundaries[batch].load()
+            if self.device is not None:
+                boundary = {name: _to(value, self.device) for name, value in boundary.items()}
             start, values = 0, {self._named[name]: value for name, value in boundary.items()}
         self._interpreter.env = values
         for index in range(start, len(segment.nodes)):
@@ -356,6 +388,7 @@ class Pipeline:
             raise RuntimeError(f"{self.what}: segment {segment.name} is not the one the pipeline reached")
         self._check_graph()
         with ExitStack() as stack:
+            stack.enter_context(self.on_device(segment))
             for module, hook in (hooks or {}).items():
                 stack.callback(module.register_forward_pre_hook(hook).remove)
             if switches is not None:
@@ -423,6 +456,8 @@ class Pipeline:
     def _keep(self, segment: Segment, batch: int, env: dict[str, Any]) -> None:
         end = self._position[segment.nodes[-1]]
         live = {name: value for name, value in env.items() if self._last_use[self._named[name]] > end}
+        if self.device is not None:  # the boundaries wait on the host
+            live = {name: _to(value, "cpu") for name, value in live.items()}
         self._boundaries[batch].drop()
         self._boundaries[batch] = _Boundary(live)
 
@@ -461,6 +496,96 @@ class Pipeline:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def check_keys(config: Mapping[str, Any], what: str) -> None:
+    """The pipeline's keys of ``config`` (``by_block``, ``cache_budget_mb``, ``device``) checked, each error naming
+    ``what`` and the key: called by an algorithm before it changes anything."""
+    by_block, budget = config.get("by_block", True), config.get("cache_budget_mb")
+    if not isinstance(by_block, bool):
+        raise ValueError(f"{what} config by_block must be true or false, got {by_block!r}")
+    if budget is not None and (isinstance(budget, bool) or not isinstance(budget, (int, float)) or budget < 0):
+        raise ValueError(
+            f"{what} config cache_budget_mb must be a number of MiB >= 0 (or None: never spill), got {budget!r}"
+        )
+    run_device(config.get("device"), what)
+
+
+def run_device(device: str | torch.device | None, what: str = "calibration") -> torch.device | None:
+    """``device`` checked: None, or a device torch knows and this machine has."""
+    if device is None:
+        return None
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, TypeError) as error:
+        raise ValueError(
+            f"{what} config device must be a torch device such as 'cuda' or 'cuda:0' (or None: where the model is), "
+            f"got {device!r}"
+        ) from error
+    if parsed.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(
+            f"{what} config device {device!r}: this machine has no CUDA device that torch can use "
+            f"(torch {torch.__version__}); leave device unset to calibrate where the model is"
+        )
+    if parsed.type == "cuda" and parsed.index is not None and parsed.index >= torch.cuda.device_count():
+        raise ValueError(f"{what} config device {device!r}: only {torch.cuda.device_count()} CUDA device(s) here")
+    if parsed.type == "meta":
+        raise ValueError(f"{what} config device 'meta' holds no values; name a device that computes")
+    return parsed
+
+
+def _to(value: Any, device: torch.device | str) -> Any:
+    if isinstance(value, Tensor):
+        return value.to(device)
+    if isinstance(value, (tuple, list)):
+        return type(value)(_to(v, device) for v in value)
+    return value
+
+
+def _slots(model: fx.GraphModule, segment: Segment) -> list[tuple[nn.Module, str]]:
+    """The (module, name) of each parameter and buffer ``segment``'s nodes read: of the modules it calls, and the
+    attributes it gets."""
+    slots = []
+    for node in segment.nodes:
+        if node.op == "call_module":
+            for module in model.get_submodule(str(node.target)).modules():
+                slots += [(module, name) for name in itertools.chain(module._parameters, module._buffers)]
+        elif node.op == "get_attr":
+            owner_path, _, name = str(node.target).rpartition(".")
+            owner = model.get_submodule(owner_path) if owner_path else model
+            value = getattr(owner, name)
+            if isinstance(value, nn.Module):
+                for module in value.modules():
+                    slots += [(module, n) for n in itertools.chain(module._parameters, module._buffers)]
+            elif isinstance(value, Tensor):
+                slots.append((owner, name))
+    return slots
+
+
+def _move(slots: Sequence[tuple[nn.Module, str]], to: torch.device | None = None) -> list[torch.device | None]:
+    """Move the tensor in each slot to ``to`` (None: leave it) in place (``tensor.data``, so a tensor held in two
+    slots, a tied weight, stays one); the device each was on."""
+    before: list[torch.device | None] = []
+    for module, name in slots:
+        tensor = getattr(module, name, None)
+        before.append(tensor.device if isinstance(tensor, Tensor) else None)
+        if isinstance(tensor, Tensor) and to is not None and tensor.device != to:
+            tensor.data = tensor.data.to(to)
+    return before
+
+
+class _OnDevice(fx.Interpreter):
+    """Runs nodes with any ``device=`` argument the capture wrote (the host's, as a constant) set to ``device``."""
+
+    def __init__(self, model: fx.GraphModule, device: torch.device) -> None:
+        super().__init__(model, garbage_collect_values=False)
+        self.device = device
+
+    def fetch_args_kwargs_from_env(self, n: fx.Node) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        args, kwargs = super().fetch_args_kwargs_from_env(n)
+        if n.op == "call_function" and kwargs.get("device") is not None:
+            kwargs = {**kwargs, "device": self.device}
+        return args, kwargs
 
 
 def one_pass(
