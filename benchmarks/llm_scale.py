@@ -98,7 +98,7 @@ def run_one(algorithm: str, blocks: int, by_block: bool, args: argparse.Namespac
     ids = torch.randint(0, args.vocab, (args.windows, args.length), generator=torch.Generator().manual_seed(0))
     batches = [{"input_ids": chunk} for chunk in ids.split(4)]
     backend = "tensorrt_nlp" if algorithm == "smoothquant" else "llm_w4a16"
-    config: dict[str, Any] = {"example_inputs": {"input_ids": ids[:2, :16]}}
+    config: dict[str, Any] = {"example_inputs": {"input_ids": ids[:2, :16]}, "inplace": True}  # one copy of the weights
     if backend == "llm_w4a16":
         config["extra_qconfig_dict"] = {"w_qscheme": {"group_size": args.group_size}}
     with warnings.catch_warnings():

@@ -69,6 +69,7 @@ CONFIG_KEYS = (
     "capture",
     "example_inputs",
     "dynamic_shapes",
+    "inplace",
 )
 
 # The prepared GraphModule's attribute naming the backend it was prepared for (a str, not state).
@@ -294,6 +295,9 @@ def prepare_by_platform(
             inputs, ``Dim.AUTO``). ``float_layers``: the roles of layers left float, ``"lm_head"`` (a
             language model's projection onto its vocabulary) and ``"embedding"``, instead of the backend's
             ``BackendSpec.float_layers`` (the LLM backends keep both float; ``[]`` quantizes them).
+            ``inplace``: True builds the prepared model from ``model``'s own modules and weights rather than
+            copies, so that one copy of the weights is held (a model near the memory's size); ``model`` is then
+            changed with it (its weights as algorithms round them): use the prepared model, not ``model``.
         custom_tracer: a ``torch.fx.Tracer`` instance (e.g. transformers' ``HFTracer()``).
         is_qat: fold BatchNorm while training (True) or into the weights now (False);
             None follows ``model.training``.
@@ -302,7 +306,7 @@ def prepare_by_platform(
     Returns:
         A ``torch.fx.GraphModule``: weight quantizers are ``<module>.weight_fake_quant``,
         activation quantizers ``<node>_post_act_fake_quantizer``; its ``mqbench_backend``
-        attribute names the backend. The model is not changed.
+        attribute names the backend. The model is not changed (unless ``inplace``).
 
     Raises:
         TypeError: ``model`` is not an eager ``nn.Module`` (a TorchScript module, a
@@ -320,7 +324,11 @@ def prepare_by_platform(
     model = unwrap_model(model)
     training = model.training
     source = model
-    model = copy.deepcopy(model)  # the prepared model owns its modules; the user's model is left as it was
+    inplace = config.get("inplace", False)
+    if not isinstance(inplace, bool):
+        raise ValueError(f"prepare_custom_config_dict['inplace'] must be True or False, got {inplace!r}")
+    if not inplace:  # the prepared model owns its modules; the user's model is left as it was
+        model = copy.deepcopy(model)
     linear_layers(model)  # transformers' Conv1D (GPT-2) is prepared as the nn.Linear it is
     half = bool(_half_types(model))
     _to_float32(model)

@@ -126,3 +126,31 @@ def test_layers_left_in_float_are_named_with_their_share_of_the_weights():
     with warnings.catch_warnings():  # a layer the user excluded is not reported as left out
         warnings.simplefilter("error")
         prepare_by_platform(model, "tensorrt", {"extra_quantizer_dict": {"exclude_node_name": ["rnn"]}})
+
+
+def _mlp() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4)).eval()
+
+
+def test_prepared_in_place_the_weights_are_the_models_own():
+    """``inplace``: one copy of the weights (the prepared layers hold the model's own tensors); the default keeps
+    the model apart: rounding the prepared weights leaves the model's as they were."""
+    model = _mlp()
+    shared = prepare_by_platform(model, "llm_w4a16", {"inplace": True})
+    for name in ("0", "2"):
+        assert shared.get_submodule(name).weight is model.get_submodule(name).weight
+        assert shared.get_submodule(name).bias is model.get_submodule(name).bias
+
+    model = _mlp()
+    before = {name: value.clone() for name, value in model.state_dict().items()}
+    apart = prepare_by_platform(model, "llm_w4a16")
+    with torch.no_grad():
+        apart.get_submodule("0").weight.mul_(2)
+    assert apart.get_submodule("0").weight.data_ptr() != model.get_submodule("0").weight.data_ptr()
+    assert all(torch.equal(before[name], value) for name, value in model.state_dict().items())
+
+
+def test_inplace_must_be_a_bool():
+    with pytest.raises(ValueError, match=r"prepare_custom_config_dict\['inplace'\] must be True or False, got 'yes'"):
+        prepare_by_platform(_mlp(), "llm_w4a16", {"inplace": "yes"})

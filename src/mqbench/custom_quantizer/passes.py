@@ -26,7 +26,6 @@ from mqbench.custom_quantizer.annotation import (
 from mqbench.custom_quantizer.bits import set_quantizer_bits
 from mqbench.fake_quantize.role import QuantizerRole, set_role
 from mqbench.fuser_method_mapping import Pattern
-from mqbench.utils.tied import shared_weights
 
 __all__ = [
     "delete_unused_submodules",
@@ -402,8 +401,6 @@ def swap_modules(gm: fx.GraphModule, mapping: Mapping[type, Any]) -> fx.GraphMod
     width the annotation sets, if any.
     """
     swapped: set[str] = set()
-    modules = dict(gm.named_modules())
-    tied = {id(_float_parameter(modules[name], "weight")) for name in shared_weights(gm) if name in modules}
     for node in gm.graph.nodes:
         annotation = node.meta.get(ANNOTATION)
         if node.op != "call_module" or str(node.target) in swapped or not isinstance(annotation, Annotation):
@@ -416,14 +413,17 @@ def swap_modules(gm: fx.GraphModule, mapping: Mapping[type, Any]) -> fx.GraphMod
         weight, bias = _float_parameter(module, "weight"), _float_parameter(module, "bias")
         folds_norm = any(isinstance(part, nn.modules.batchnorm._BatchNorm) for part in module.modules())
         if (
-            id(weight) in tied
-            and isinstance(weight, nn.Parameter)
+            isinstance(weight, nn.Parameter)
+            and isinstance(qat.weight, nn.Parameter)
             and qat.weight.shape == weight.shape
+            and qat.weight.dtype == weight.dtype
             and not folds_norm
         ):
-            # a weight another module holds too (a language model's embedding table read again as its output
-            # layer's weight) stays one tensor in the prepared model, which owns it: trained and transformed as one
-            # (a layer folding a BatchNorm into its weight keeps its own copy: the folds differ)
+            # the QAT layer takes the float layer's own weight, not a copy: one copy of the weights in memory
+            # (the prepared model owns them, or shares them with the model when prepared in place), and a weight
+            # another module holds too (a language model's embedding table read again as its output layer's
+            # weight) stays one tensor, trained and transformed as one (a layer folding a BatchNorm into its
+            # weight keeps its own copy: the folds differ)
             qat.weight = weight
             if isinstance(bias, nn.Parameter) and isinstance(qat.bias, nn.Parameter) and qat.bias.shape == bias.shape:
                 qat.bias = bias  # and its bias with it

@@ -589,8 +589,9 @@ def _plain(structure: Any) -> bool:
 
 def _check(model: nn.Module, captured: fx.GraphModule, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> None:
     """The captured graph computes what the model computes on the example inputs (same random draws, module
-    state restored afterwards)."""
-    state = {name: value.detach().clone() for name, value in model.state_dict(keep_vars=True).items()}
+    state restored afterwards: the buffers a forward may update; the parameters, which it does not write, are not
+    copied, so that no second copy of the weights is made)."""
+    state = {name: value.detach().clone() for name, value in model.named_buffers()}
     try:
         with torch.no_grad(), torch.random.fork_rng():
             torch.manual_seed(0)
@@ -599,7 +600,7 @@ def _check(model: nn.Module, captured: fx.GraphModule, args: tuple[Any, ...], kw
             got = pytree.tree_leaves(captured(*args, **kwargs))
     finally:
         with torch.no_grad():
-            for name, value in model.state_dict(keep_vars=True).items():
+            for name, value in model.named_buffers():
                 if name in state:
                     value.copy_(state[name])
     tensors = [(a, b) for a, b in zip(expected, got, strict=False) if isinstance(a, torch.Tensor)]
