@@ -305,3 +305,30 @@ def _host_against(algorithm: str, device: str) -> None:
     ids = _padded(9)
     reference = host(**ids).logits
     assert (placed(**ids).logits - reference).abs().max() <= 0.1 * reference.abs().max()
+
+
+def test_smoothquant_holds_the_samples_of_one_block_at_a_time(monkeypatch) -> None:
+    """Each block's migrations are decided once its data has run, and its samples dropped: the samples held at any
+    time are those of one block's quantizers (and the block before, being decided), not of every block."""
+    from mqbench.advanced_ptq import smoothing
+
+    live: list[int] = []
+    made: list[smoothing._Statistics] = []
+    original_init, original_call = smoothing._Statistics.__init__, smoothing._Statistics.__call__
+
+    def init(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        original_init(self, *args, **kwargs)
+        made.append(self)
+
+    def call(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        original_call(self, *args, **kwargs)
+        live.append(sum(s.sample is not None for s in made))
+
+    monkeypatch.setattr(smoothing._Statistics, "__init__", init)
+    monkeypatch.setattr(smoothing._Statistics, "__call__", call)
+    qmodel = _prepared_w8a8(4)
+    chosen = smoothing.smooth_quant(qmodel, [_padded(1), _padded(2)])
+    per_block = len(made) // 4
+    assert len(made) == 4 * per_block and per_block >= 2 and chosen
+    assert max(live) == per_block  # one block's, where a whole-model pass held all 4 x per_block until the end
+    assert all(s.sample is None for s in made)

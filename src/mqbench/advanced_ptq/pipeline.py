@@ -441,12 +441,15 @@ class Pipeline:
         self,
         hooks: Mapping[nn.Module, Callable[[nn.Module, tuple[Any, ...]], None]] | None = None,
         switches: AbstractContextManager[Any] | None = None,
+        after: Callable[[Segment], None] | None = None,
     ) -> None:
         """One pass of the calibration data through the segments not run yet, each to its end (``hooks`` and
-        ``switches`` as for :meth:`run`)."""
+        ``switches`` as for :meth:`run`); ``after(segment)`` once each segment has run on every batch."""
         with switches if switches is not None else nullcontext():
             for segment in self.segments[self._reached :]:
                 self.run(segment, hooks, advance=segment is not self.segments[-1])
+                if after is not None:
+                    after(segment)
 
     @torch.no_grad()
     def advance(self, segment: Segment, weights: bool = True) -> None:
@@ -594,13 +597,16 @@ def one_pass(
     hooks: Mapping[nn.Module, Callable[[nn.Module, tuple[Any, ...]], None]] | None = None,
     switches: AbstractContextManager[Any] | None = None,
     what: str = "calibration",
+    after: Callable[[Segment | None], None] | None = None,
 ) -> None:
     """The calibration batches through ``model`` once (block by block on a prepared model with a stack of blocks,
     its memory the boundary values; a model that is not a GraphModule is called batch by batch), with forward
-    pre-hooks ``hooks`` and the quantizers as ``switches`` sets them (None: as they are)."""
+    pre-hooks ``hooks`` and the quantizers as ``switches`` sets them (None: as they are). ``after(segment)`` is
+    called once each segment has run on every batch (``after(None)`` at the end for a model that is not a
+    GraphModule): what a segment's statistics decide can be decided, and the statistics dropped, there."""
     if isinstance(model, fx.GraphModule):
         with Pipeline(model, cali_data, what=what) as pipeline:
-            pipeline.run_all(hooks, switches)
+            pipeline.run_all(hooks, switches, after)
         return
     with ExitStack() as stack, torch.no_grad():
         for module, hook in (hooks or {}).items():
@@ -609,3 +615,5 @@ def one_pass(
             stack.enter_context(switches)
         for batch in calibration_batches(cali_data):
             call_with(model, batch)
+        if after is not None:
+            after(None)

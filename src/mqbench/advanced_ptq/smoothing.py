@@ -47,7 +47,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, fx, nn
 
-from mqbench.advanced_ptq.pipeline import one_pass
+from mqbench.advanced_ptq.pipeline import Segment, one_pass
 from mqbench.fake_quantize.quantize_base import QuantizeBase
 from mqbench.utils.logger import logger
 from mqbench.utils.tied import shared_weights
@@ -129,10 +129,12 @@ class _Statistics:
         keep = torch.argsort(keys)[: self.rows]
         self.sample, self.keys = flat[keep].clone(), keys[keep]
 
-    def rows_for_search(self) -> Tensor:
-        assert self.sample is not None and self.low is not None and self.high is not None
-        # the extremes make the sample's range the calibration data's range (per-channel ones included)
-        return torch.cat([self.sample, self.low[None], self.high[None]])
+    def rows_for_search(self, low: Tensor, high: Tensor) -> Tensor:
+        """The sample with the extremes ``low`` / ``high`` as two more rows (the sample's range then the calibration
+        data's, per channel too); the sample is dropped."""
+        assert self.sample is not None
+        rows, self.sample, self.keys = torch.cat([self.sample, low[None], high[None]]), None, None
+        return rows
 
 
 def _error(x: Tensor, layers: Sequence[nn.Linear], act: QuantizeBase, scale: Tensor | None) -> float:
@@ -203,28 +205,39 @@ def smooth_quant(
         for i, node in enumerate(groups)
     }
     hooks = {modules[str(node.target)]: statistics[node] for node in groups}
-    one_pass(model, cali_data, hooks, _nothing_quantized(model), "smooth_quant")  # block by block on a transformer
+    decided: dict[fx.Node, tuple[float, Tensor]] = {}
+
+    def decide(segment: Segment | None) -> None:  # each block's migrations once its data has run; samples dropped
+        for node, layers in groups.items():
+            stats = statistics[node]
+            if (segment is not None and node not in segment) or stats.high is None or stats.low is None:
+                continue  # another block's, or never ran
+            act = modules[str(node.target)]
+            w = torch.stack([layer.weight.detach().abs().amax(0) for layer in layers]).amax(0)
+            low, high = stats.low, stats.high
+            a = torch.maximum(high.abs(), low.abs())
+            stats.low = stats.high = None
+            if alpha is not None:
+                best, stats.sample, stats.keys = alpha, None, None
+            else:
+                x = stats.rows_for_search(low, high)
+                errors = {candidate: _error(x, layers, act, _migration(a, w, candidate)) for candidate in ALPHAS}
+                best = min(errors, key=lambda candidate: errors[candidate])
+                if errors[best] >= _error(x, layers, act, None):
+                    continue
+            decided[node] = (best, _migration(a, w, best))
+
+    # block by block on a transformer; the weights and the graph change after the pass
+    one_pass(model, cali_data, hooks, _nothing_quantized(model), "smooth_quant", decide)
 
     chosen: dict[str, float] = {}
     for node, layers in groups.items():
-        stats = statistics[node]
-        if stats.high is None or stats.low is None:
-            continue  # never ran
-        act = modules[str(node.target)]
-        w = torch.stack([layer.weight.detach().abs().amax(0) for layer in layers]).amax(0)
-        a = torch.maximum(stats.high.abs(), stats.low.abs())
-        if alpha is not None:
-            best = alpha
-        else:
-            x = stats.rows_for_search()
-            errors = {candidate: _error(x, layers, act, _migration(a, w, candidate)) for candidate in ALPHAS}
-            best = min(errors, key=lambda candidate: errors[candidate])
-            if errors[best] >= _error(x, layers, act, None):
-                continue
-        scale = _migration(a, w, best)
+        if node not in decided:
+            continue
+        best, scale = decided[node]
         for layer in layers:
             layer.weight.mul_(scale.to(layer.weight.dtype))
-        _insert_channel_scale(model, node, _free_name(model, f"{node.target}{_SUFFIX}"), (1.0 / scale).to(a.dtype))
+        _insert_channel_scale(model, node, _free_name(model, f"{node.target}{_SUFFIX}"), (1.0 / scale).to(scale.dtype))
         chosen[str(node.target)] = best
     model.recompile()
     logger.info("smooth_quant: %d of %d linear input(s) smoothed", len(chosen), len(groups))
