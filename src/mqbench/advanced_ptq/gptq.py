@@ -114,9 +114,17 @@ def gptq_quantize(
         known[:] = True
     perm = torch.argsort(torch.diag(H), descending=True) if act_order else torch.arange(columns, device=device)
     order = perm.tolist()  # the column each step rounds, read once (not a device sync per column)
-    W, H = W[:, perm], H[perm][:, perm]
-    H += damp * torch.mean(torch.diag(H)) * torch.eye(columns, dtype=torch.float64, device=device)
-    U = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(H)), upper=True)
+    if act_order:
+        W, H = W[:, perm], H[perm][:, perm]
+    H.diagonal().add_(damp * torch.mean(torch.diag(H)))
+    # U: the upper Cholesky factor of H^-1; each [columns, columns] matrix freed once the next is made (a large
+    # layer's float64 Hessian is hundreds of MiB: the memory is two of them, not five)
+    L = torch.linalg.cholesky(H)
+    del H
+    inverse = torch.cholesky_inverse(L)
+    del L
+    U = torch.linalg.cholesky(inverse, upper=True)
+    del inverse
     Q = torch.zeros_like(W)
     for i1 in range(0, columns, block_size):
         i2 = min(i1 + block_size, columns)
@@ -184,7 +192,10 @@ def _gptq_site(
 
     def reduce(layer: Layer, rows: Tensor) -> None:  # each layer's sum of x^T x (float64: any batching, one sum)
         total = rows.T @ rows
-        hessians[layer.name] = total if layer.name not in hessians else hessians[layer.name] + total
+        if layer.name in hessians:
+            hessians[layer.name].add_(total)  # in place: one Hessian held, not two
+        else:
+            hessians[layer.name] = total
         tokens[layer.name] += rows.shape[0]
 
     # the block runs from the state before this site (the sites before it are rounded already) up to its last layer
@@ -195,7 +206,7 @@ def _gptq_site(
             logger.info("gptq: %s saw no input; left as it was", layer.name)
             continue
         started = time.perf_counter()
-        H = 2.0 * hessians.pop(layer.name) / tokens[layer.name]
+        H = hessians.pop(layer.name).mul_(2.0).div_(tokens[layer.name])  # 2 H / n, in place
         quantizer = layer.quantizer
         weight = quantizer.deploy_weight(layer.module.weight.detach()).clone()
         rounded, scales, zeros = gptq_quantize(
