@@ -94,11 +94,11 @@ def _clip_ratios(layer: Layer, weight: Tensor, x: Tensor, ratios: list[float]) -
     quantizer = layer.quantizer
     size = quantizer.group_size or weight.shape[1]
     groups = (weight.shape[1] + size - 1) // size
-    on = {"device": weight.device}
-    best = torch.full((weight.shape[0], groups), float("inf"), **on)
-    chosen = torch.ones(weight.shape[0], groups, **on)
-    scale = torch.zeros(weight.shape[0] * groups, **on)
-    zero = torch.zeros(weight.shape[0] * groups, **on)
+    device = weight.device
+    best = torch.full((weight.shape[0], groups), float("inf"), device=device)
+    chosen = torch.ones(weight.shape[0], groups, device=device)
+    scale = torch.zeros(weight.shape[0] * groups, device=device)
+    zero = torch.zeros(weight.shape[0] * groups, device=device)
     for ratio in ratios:
         s, z = grid_qparams(quantizer, _shrunk(weight, size, ratio))
         delta = on_grid(quantizer, weight, s, z) - weight
