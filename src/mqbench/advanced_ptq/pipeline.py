@@ -567,12 +567,16 @@ def _slots(model: fx.GraphModule, segment: Segment) -> list[tuple[nn.Module, str
 
 def _move(slots: Sequence[tuple[nn.Module, str]], to: torch.device | None = None) -> list[torch.device | None]:
     """Move the tensor in each slot to ``to`` (None: leave it) in place (``tensor.data``, so a tensor held in two
-    slots, a tied weight, stays one); the device each was on."""
+    slots, a tied weight, stays one); the device each was on (a tensor met again: where it was first)."""
     before: list[torch.device | None] = []
+    first: dict[int, torch.device] = {}
     for module, name in slots:
         tensor = getattr(module, name, None)
-        before.append(tensor.device if isinstance(tensor, Tensor) else None)
-        if isinstance(tensor, Tensor) and to is not None and tensor.device != to:
+        if not isinstance(tensor, Tensor):
+            before.append(None)
+            continue
+        before.append(first.setdefault(id(tensor), tensor.device))
+        if to is not None and tensor.device != to:
             tensor.data = tensor.data.to(to)
     return before
 
