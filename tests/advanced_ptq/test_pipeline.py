@@ -245,7 +245,7 @@ def test_a_device_that_cannot_run_the_blocks_is_refused(device: str, message: st
 def test_blocks_run_on_the_named_device_give_the_same_weights() -> None:
     """``device: cpu`` takes the device path (constants the capture wrote into the graph made on the device, the
     boundaries kept on the host, each block's tensors moved in place) and gives the default path's results bit for
-    bit; the tied embedding stays one tensor."""
+    bit."""
     base = _prepared(2)
     batches = [_padded(1), _padded(2)]
     plain = gptq(copy.deepcopy(base), batches)

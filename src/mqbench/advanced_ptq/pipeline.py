@@ -565,8 +565,8 @@ def _slots(model: fx.GraphModule, segment: Segment) -> list[tuple[nn.Module, str
     return slots
 
 
-def _move(slots: Sequence[tuple[nn.Module, str]], to: torch.device | None = None) -> list[torch.device | None]:
-    """Move the tensor in each slot to ``to`` (None: leave it) in place (``tensor.data``, so a tensor held in two
+def _move(slots: Sequence[tuple[nn.Module, str]], to: torch.device) -> list[torch.device | None]:
+    """Move the tensor in each slot to ``to`` in place (``tensor.data``, so a tensor held in two
     slots, a tied weight, stays one); the device each was on (a tensor met again: where it was first)."""
     before: list[torch.device | None] = []
     first: dict[int, torch.device] = {}
@@ -576,7 +576,7 @@ def _move(slots: Sequence[tuple[nn.Module, str]], to: torch.device | None = None
             before.append(None)
             continue
         before.append(first.setdefault(id(tensor), tensor.device))
-        if to is not None and tensor.device != to:
+        if tensor.device != to:
             tensor.data = tensor.data.to(to)
     return before
 
