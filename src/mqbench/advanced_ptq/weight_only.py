@@ -26,6 +26,7 @@ from mqbench.utils.tied import shared_weights
 
 __all__ = [
     "PIPELINE_DEFAULTS",
+    "GridQParams",
     "Layer",
     "Pipeline",
     "Site",
@@ -124,11 +125,23 @@ def collect_inputs(
 
 def grid_qparams(quantizer: QuantizeBase, weight: Tensor) -> tuple[Tensor, Tensor]:
     """The (scale, zero point) ``quantizer``'s observer computes for ``weight`` alone (per row or per group)."""
-    twin = fresh_copy(quantizer)
-    with torch.no_grad():
-        twin(weight.detach().float())
-    scale, zero_point = twin.export_qparams()
-    return scale.detach().clone(), zero_point.detach().clone()
+    return GridQParams(quantizer)(weight)
+
+
+class GridQParams:
+    """:func:`grid_qparams` for many weights on one quantizer's grid (GPTQ asks once per group): one copy of the
+    quantizer, which forgets what it saw before each weight as a fresh copy would (every observer starts over when
+    its ``num_batches`` is 0), instead of a deep copy per weight."""
+
+    def __init__(self, quantizer: QuantizeBase) -> None:
+        self.twin = fresh_copy(quantizer)
+
+    def __call__(self, weight: Tensor) -> tuple[Tensor, Tensor]:
+        self.twin.activation_post_process.num_batches.zero_()
+        with torch.no_grad():
+            self.twin(weight.detach().float())
+        scale, zero_point = self.twin.export_qparams()
+        return scale.detach().clone(), zero_point.detach().clone()
 
 
 def rtn(quantizer: QuantizeBase, weight: Tensor) -> Tensor:
