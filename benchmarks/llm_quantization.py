@@ -427,11 +427,14 @@ SMOLLM2_W8A8 = ("naive", "SmoothQuant", "rotation", "rotation + SmoothQuant", "r
 
 
 def run_smollm2(
-    args: argparse.Namespace, checkpoint: Callable[[dict[str, Any], dict[str, Any]], None] = lambda rows, done: None
+    args: argparse.Namespace,
+    checkpoint: Callable[[dict[str, Any], dict[str, Any]], None] = lambda rows, done: None,
+    earlier: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """SmolLM2-135M-Instruct (all 30 blocks, tied embeddings): held-out perplexity of float, weight-only rounding to
     nearest and the data-driven algorithms, W8A8 and FP8; one model of each backend deployed and verified on
-    onnxruntime. ``checkpoint(rows, deployed)`` is called as rows come in (the runs are long)."""
+    onnxruntime. ``checkpoint(rows, deployed)`` is called as rows come in (the runs are long). With
+    ``--smollm2-rows``, only the rows named run; the others (and their deployed models) are kept from ``earlier``."""
     from mqbench.models.smollm2 import load_smollm2, text_windows
 
     model, tokenizer = load_smollm2()
@@ -441,6 +444,11 @@ def run_smollm2(
         for seed in range(1, args.smollm2_draws + 1)
     ]
     sample = {"input_ids": evaluation[:2, :64]}  # the capture and the deployed files take any batch
+    only = set(filter(None, args.smollm2_rows.split(","))) if args.smollm2_rows else None
+    earlier = earlier or {}
+
+    def wanted(label: str) -> bool:
+        return only is None or label in only
 
     def perplexity(m: torch.nn.Module) -> float:
         return window_perplexity(lambda ids: m(input_ids=ids).logits, evaluation.split(4))
@@ -450,9 +458,11 @@ def run_smollm2(
             warnings.simplefilter("ignore")
             return prepare_by_platform(model, backend, {"example_inputs": sample, **(config or {})})
 
-    rows: dict[str, Any] = {"float": {"ppl": [perplexity(model)]}}
-    deployed: dict[str, Any] = {}
+    rows: dict[str, Any] = {**earlier.get("rows", {}), "float": {"ppl": [perplexity(model)]}}
+    deployed: dict[str, Any] = dict(earlier.get("deployed", {}))
     for label, (backend, config) in SMOLLM2_WEIGHT_ONLY.items():
+        if not wanted(f"{label} RTN"):
+            continue
         qmodel = prepared(backend, config)
         enable_quantization(qmodel)  # rounding to nearest: no data
         rows[f"{label} RTN"] = {"ppl": [perplexity(qmodel)]}
@@ -464,6 +474,8 @@ def run_smollm2(
     def data_driven(label: str) -> None:  # GPTQ, AWQ and AWQ then GPTQ on each draw
         backend, config = SMOLLM2_WEIGHT_ONLY[label]
         for algorithm in ("GPTQ", "AWQ", "AWQ+GPTQ"):
+            if not wanted(f"{label} {algorithm}"):
+                continue
             values, seconds = [], []
             for cali in draws:
                 started = time.perf_counter()
@@ -475,7 +487,7 @@ def run_smollm2(
                 checkpoint(rows, deployed)
 
     data_driven("W4A16 g64")
-    for method in SMOLLM2_W8A8:
+    for method in filter(lambda method: wanted(f"W8A8 {method}"), SMOLLM2_W8A8):
         values, seconds = [], []
         for cali in draws:
             started = time.perf_counter()
@@ -494,13 +506,15 @@ def run_smollm2(
         if method == "SmoothQuant":
             deployed["W8A8 SmoothQuant"] = _smollm2_deploy(qmodel, "tensorrt_nlp", sample)
     values = []
-    for cali in draws:
+    for cali in draws if wanted("FP8 E4M3") else []:
         qmodel = prepared("tensorrt_fp8")
         calibrate(qmodel, cali, recipe=PTQRecipe())
         values.append(perplexity(qmodel))
-    rows["FP8 E4M3"] = {"ppl": values}
-    deployed["FP8 E4M3"] = _smollm2_deploy(qmodel, "tensorrt_fp8", sample)
-    checkpoint(rows, deployed)
+        print(f"  FP8 E4M3: {values[-1]:.3f}", flush=True)
+    if values:
+        rows["FP8 E4M3"] = {"ppl": values}
+        deployed["FP8 E4M3"] = _smollm2_deploy(qmodel, "tensorrt_fp8", sample)
+        checkpoint(rows, deployed)
     data_driven("W4A16 g128")
     return {"rows": rows, "deployed": deployed}
 
@@ -532,6 +546,9 @@ def main() -> None:
     parser.add_argument("--smollm2-draws", type=int, default=1, help="calibration draws of SmolLM2's data-driven rows")
     parser.add_argument("--smollm2-windows", type=int, default=16, help="SmolLM2's held-out windows")
     parser.add_argument("--smollm2-length", type=int, default=256, help="tokens a SmolLM2 window")
+    parser.add_argument(
+        "--smollm2-rows", default="", help="comma-separated SmolLM2 rows to run (default: all); with --merge"
+    )
     parser.add_argument("--output", default="llm_quantization")
     parser.add_argument("--merge", action="store_true", help="keep the other parts of an earlier results file")
     args = parser.parse_args()
@@ -567,7 +584,7 @@ def main() -> None:
         def checkpoint(rows: dict[str, Any], deployed: dict[str, Any]) -> None:  # partial results, marked so
             write_json(args.output, {**results, "smollm2": {"rows": rows, "deployed": deployed, "partial": True}})
 
-        results["smollm2"] = run_smollm2(args, checkpoint)
+        results["smollm2"] = run_smollm2(args, checkpoint, results.get("smollm2"))
         print_table(
             ["SmolLM2-135M", "held-out perplexity", "x float", "draws"],
             [
