@@ -92,7 +92,9 @@ class VerifyReport:
                     f"(max {art.max_lsb_diff:.3g} LSB, tolerance {self.tolerance:g}) at {', '.join(bad[:5])}"
                 )
             host = art.host
-            if host is not None and host.served and host.diverging(self.tolerance):
+            if host is not None and host.served and _did_not_run(host):
+                lines.append(f"{key}: {host.runtime} on this host: {host.cause}; remedy: {host.remedy or 'none known'}")
+            elif host is not None and host.served and host.diverging(self.tolerance):
                 bad = host.diverging(self.tolerance)
                 lines.append(
                     f"{key}: {host.runtime} on this host differs (max {host.max_lsb_diff:.3g} LSB) at {len(bad)} "
@@ -135,6 +137,9 @@ class VerifyReport:
             for label, row in ((key, art), ("  on this host", art.host)):
                 if row is None:
                     continue
+                if isinstance(row, HostReport) and _did_not_run(row):  # no figures to show: the reason instead
+                    lines.append(f"{label:<16} {row.runtime[:22]:<22} did not run: {row.cause}")
+                    continue
                 lines.append(
                     f"{label:<16} {row.runtime[:22]:<22} {row.max_abs_diff:>11.3g} {row.max_lsb_diff:>8.3g} "
                     f"{row.exact_fraction:>9.2%} {row.tensor_exact_fraction:>8.2%}"
@@ -148,6 +153,11 @@ class VerifyReport:
 
     def __str__(self) -> str:
         return self.summary()
+
+
+def _did_not_run(host: HostReport) -> bool:
+    """The runtime gave none of the outputs (it could not compile or run the file; ``cause`` says why)."""
+    return bool(host.missing) and not host.outputs and not host.per_tensor
 
 
 def _runner(key: str) -> Callable[..., ArtifactReport] | None:

@@ -507,6 +507,69 @@ def _normalization_keeps_epsilon(graph: onnx.GraphProto) -> None:
     graph.node.extend(added)
 
 
+def _attention_outputs_kept(graph: onnx.GraphProto) -> None:
+    """An attention output (a MatMul reading a Softmax, directly or through its FakeQuantize; the output's
+    FakeQuantize when it has one) added to a residual whose sum feeds a linear layer and an elementwise op that
+    also reads that layer's result (``fc(z) - z``) is read by its readers through ``Max(x, x)`` (``x`` exactly).
+
+    Measured on OpenVINO 2026.4: a file with that pattern (MatMul, Mul, Softmax, FakeQuantize, MatMul,
+    FakeQuantize, Add, then the sum into a MatMul and into an elementwise op with that MatMul's result) ends the
+    process with a segmentation fault in ``compile_model`` (every precision and thread count; without the linear
+    layer and the elementwise op, or with either FakeQuantize around the second MatMul's output or the Softmax
+    removed, it compiles). With a ``Max`` between the attention output and its readers it compiles, and the plugin
+    still fuses the attention itself. The ``Max`` is written only for that pattern, so that every other file stays
+    as it was (a ``Max`` after every attention output of a ViT: benchmarks/openvino_attention.py).
+    """
+    producers = {output: node for node in graph.node for output in node.output}
+    readers = consumers_of(graph)
+    elementwise = {"Add", "Sub", "Mul", "Div"}
+
+    def through_fake_quantize(tensor: str) -> str:  # the producer's input past a FakeQuantize
+        node = producers.get(tensor)
+        is_fq = node is not None and node.op_type == "FakeQuantize" and node.domain == FAKE_QUANTIZE_DOMAIN
+        return node.input[0] if is_fq and node is not None else tensor
+
+    def quantized_form(tensor: str) -> str:  # the tensor's FakeQuantize output when that is its only reader
+        after = readers.get(tensor, [])
+        only = len(after) == 1 and after[0].op_type == "FakeQuantize" and after[0].domain == FAKE_QUANTIZE_DOMAIN
+        return after[0].output[0] if only else tensor
+
+    def linear_results(tensor: str) -> set[str]:  # what MatMuls reading ``tensor`` (or its FakeQuantize) give
+        results = set()
+        for form in {tensor} | {n.output[0] for n in readers.get(tensor, []) if n.op_type == "FakeQuantize"}:
+            for matmul in readers.get(form, []):
+                if matmul.op_type in ("MatMul", "Gemm") and matmul.input[0] == form:
+                    results.add(matmul.output[0])
+                    results |= {n.output[0] for n in readers.get(matmul.output[0], []) if n.op_type == "Add"}
+        return results
+
+    def crashes_past(tensor: str) -> bool:  # a residual sum of ``tensor`` read as ``fc(z) - z`` reads it
+        for add in readers.get(tensor, []):
+            if add.op_type != "Add":
+                continue
+            total = add.output[0]
+            results = linear_results(total)
+            for reader in readers.get(total, []):
+                if reader.op_type in elementwise and any(name in results for name in reader.input):
+                    return True
+        return False
+
+    taken = all_names(graph)
+    added = []
+    for node in list(graph.node):
+        softmax = producers.get(through_fake_quantize(node.input[0])) if node.op_type == "MatMul" else None
+        if softmax is None or softmax.op_type != "Softmax":
+            continue
+        tensor = quantized_form(node.output[0])
+        if not crashes_past(tensor):
+            continue
+        kept = unique_name(f"{tensor}_kept", taken)
+        for reader in readers[tensor]:
+            reader.input[:] = [kept if name == tensor else name for name in reader.input]
+        added.append(helper.make_node("Max", [tensor, tensor], [kept], name=unique_name(f"{tensor}_Max", taken)))
+    graph.node.extend(added)
+
+
 def to_openvino(
     model: onnx.ModelProto, table: QParamTable, use_consumers: bool = True
 ) -> tuple[onnx.ModelProto, dict[str, str]]:
@@ -566,6 +629,7 @@ def to_openvino(
     _reductions_keep_dims(graph, shapes)
     _pad_before_fake_quantize(graph)
     _normalization_keeps_epsilon(graph)
+    _attention_outputs_kept(graph)
     topological_sort(graph)
     if all(o.domain != FAKE_QUANTIZE_DOMAIN for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid(FAKE_QUANTIZE_DOMAIN, 1))
