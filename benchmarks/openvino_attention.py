@@ -58,7 +58,7 @@ def main() -> None:
     import openvino as ov
 
     from mqbench.convert_deploy import convert_deploy
-    from mqbench.deploy.writers import openvino as writer
+    from mqbench.deploy.writers import openvino_layout as writer
     from mqbench.models.transformers import vit_tiny
     from mqbench.prepare_by_platform import prepare_by_platform
     from mqbench.utils.host import describe_host

@@ -171,3 +171,12 @@ def test_imports_inside_functions_only_keep_the_command_line_fast():
     """mqbench's own modules are imported at the top; the CLI defers its commands so `--help` needs no torch."""
     deferred = {module: inner for module, (_, inner) in _module_imports().items() if inner}
     assert set(deferred) <= {"mqbench.cli"}, deferred
+
+
+def test_no_source_file_is_over_700_lines():
+    """A module past 700 lines holds more than one idea: split it by what its parts do."""
+    from pathlib import Path
+
+    root = Path(mqbench.__file__).parent
+    long = {str(p.relative_to(root)): n for p in root.rglob("*.py") if (n := len(p.read_text().splitlines())) > 700}
+    assert not long, long

@@ -4,7 +4,7 @@ taking the caller's process with it.
 
 The graph: two single-head attention branches on a ``[1, 4, 8]`` sequence; the second's output ``z`` feeds
 ``fc(z) - z``. OpenVINO 2026.4 segfaults compiling the file written without the writer's ``Max`` after each
-attention output (:func:`mqbench.deploy.writers.openvino._attention_outputs_kept`).
+attention output (:func:`mqbench.deploy.writers.openvino_layout._attention_outputs_kept`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from torch import nn
 
 from mqbench.convert_deploy import convert_deploy
 from mqbench.deploy.verify import verify_deploy
-from mqbench.deploy.writers import openvino as openvino_writer
+from mqbench.deploy.writers import openvino_layout
 from mqbench.prepare_by_platform import prepare_by_platform
 from mqbench.utils.state import enable_calibration, enable_quantization
 
@@ -79,7 +79,7 @@ def test_a_file_the_runtime_crashes_on_fails_verify_naming_the_signal(tmp_path, 
     """The file written without the rewrite: where this host's OpenVINO crashes on it, verify (which runs the
     runtime in a child process) must fail naming the signal and say the file did not run, and this process lives
     on. Where this OpenVINO compiles it, there is no crash to contain."""
-    monkeypatch.setattr(openvino_writer, "_attention_outputs_kept", lambda graph: None)
+    monkeypatch.setattr(openvino_layout, "_attention_outputs_kept", lambda graph: None)
     qmodel, result = _deployed(tmp_path)
     status = _compile_status(result.artifacts["openvino_onnx"])
     if status == 0:

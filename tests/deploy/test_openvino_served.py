@@ -24,6 +24,7 @@ from mqbench.convert_deploy import convert_deploy
 from mqbench.deploy.qdq import insert_qdq
 from mqbench.deploy.verify import verify_deploy
 from mqbench.deploy.writers import openvino as openvino_writer
+from mqbench.deploy.writers import openvino_layout
 from mqbench.deploy.writers.openvino import (
     fake_quantize_as_onnx,
     run_openvino_file,
@@ -423,7 +424,7 @@ def test_verify_fails_where_openvino_serves_a_float_output_wrongly(tmp_path, mon
     it is wrong, the host verdict must fail naming the output; where it is right, verify must pass."""
     torch.manual_seed(0)
     qmodel, result = deployed(ReluTimesNegative(bias=False), tmp_path)
-    monkeypatch.setattr(openvino_writer, "_scale_before_relu", lambda graph, table: None)
+    monkeypatch.setattr(openvino_layout, "_scale_before_relu", lambda graph, table: None)
     plain, _ = to_openvino(onnx.load(result.artifacts["deploy_onnx"]), result.table)
     assert [n.op_type for n in plain.graph.node if n.domain != "org.openvinotoolkit"] == ["Conv", "Relu", "Mul"]
     onnx.save(plain, result.artifacts["openvino_onnx"])
