@@ -128,6 +128,10 @@ PROVIDED = {
         "remove_fakequantize_and_collect_params_nnie",
     ],
     "mqbench.weight_equalization": [
+        "ACT_TYPES",
+        "COLLECT_TYPES",
+        "FAKE_QUANT_TYPE",
+        "POOL_TYPES",
         "dfq_weight_equalization",
         "get_weight_equalization_groups",
         "weight_equalize_conv_pair",
@@ -252,9 +256,26 @@ PROVIDED = {
         "BACKEND_DEPLOY_FUNCTION",
         "DEFAULT_MODEL_QUANTIZER",
         "FUSED_MODULE_CONVERT_FUNCTION",
+        "WEIGHT_EQUALIZATION_FUNCTION",
         "register_convert_function",
         "register_deploy_function",
         "register_model_quantizer",
+        "register_weight_equalization_function",
+    ],
+    # MQBench's mqbench/utils/__init__.py is ``from .utils import *``: the helpers are names of the package too
+    "mqbench.utils": [
+        "USE_DDP",
+        "USE_LINK",
+        "deepcopy_graphmodule",
+        "deepcopy_mixedmodule",
+        "get_flattened_qconfig_dict",
+        "getitem2node",
+        "is_symmetric_quant",
+        "is_tracing_state",
+        "no_jit_trace",
+        "pot_quantization",
+        "sync_tensor",
+        "topology_order",
     ],
     "mqbench.utils.utils": [
         "USE_DDP",
@@ -280,6 +301,7 @@ PROVIDED = {
     ],
     "mqbench.utils.hook": ["DataSaverHook", "PerChannelLoadHook", "StopForwardException"],
     "mqbench.utils.logger": [
+        "MQBENCH_LOGGER_NAME",
         "QBENCH_LOGGER_NAME",
         "disable_logging",
         "fmt",
@@ -292,8 +314,10 @@ PROVIDED = {
         "QUANT_MODULE_TYPE",
         "cosine",
         "node2modules",
+        "profile_summary",
         "profiling",
         "to_device",
+        "update_model_with_dummy_module",
     ],
 }
 
@@ -321,8 +345,8 @@ AUTOGRAD_INTERNALS = (
     "fake quantizer classes (mqbench.fake_quantize) or mqbench.functional"
 )
 EQUALIZATION_INTERNALS = (
-    "the op-type tables and graph walk of MQBench's equalization; get_weight_equalization_groups gives the pairs and "
-    "mqbench.advanced_ptq.cross_layer_equalization equalizes a model"
+    "the fan-out count and graph walk of MQBench's equalization; get_weight_equalization_groups gives the pairs and "
+    "mqbench.advanced_ptq.cross_layer_equalization equalizes a model (with a registered pair equalizer where one is)"
 )
 ACTIVATION_HESSIAN = (
     "the activation Hessian of MQBench's experimental profiling; mixed precision here measures weight and "
@@ -335,9 +359,6 @@ BIAS_FAKE_QUANT = (
     "formats that quantize them, computed at deploy"
 )
 FLOAT_FORMATS = "MQBench's floating-point (FP8-style) deploy step, not yet a format here"
-PROFILING_INTERNALS = (
-    "internals of MQBench's profiling printout; mqbench.utils.profiling.profile_layers returns the table"
-)
 
 NOT_PROVIDED = {
     ("mqbench.prepare_by_platform", "weighted_op_qint8_dtype_config"): TORCH_AO,
@@ -380,12 +401,8 @@ NOT_PROVIDED = {
     **{
         ("mqbench.weight_equalization", name): EQUALIZATION_INTERNALS
         for name in (
-            "COLLECT_TYPES",
-            "ACT_TYPES",
-            "POOL_TYPES",
             "MATH_TYPE",
             "ALL_OP_TYPE",
-            "FAKE_QUANT_TYPE",
             "collect_layer_group",
             "convert_equalization_groups",
         )
@@ -418,8 +435,6 @@ NOT_PROVIDED = {
         ("mqbench.quantization.default_bias_fake_quant", name): BIAS_FAKE_QUANT
         for name in ("bias_fakeq_param", "bias_qscheme", "b_fakequantize", "b_qconfig", "bias_fake_quantizer")
     },
-    ("mqbench.utils.profiling", "update_model_with_dummy_module"): PROFILING_INTERNALS,
-    ("mqbench.utils.profiling", "profile_summary"): PROFILING_INTERNALS,
 }
 
 # Names that keep MQBench's name but raise, naming what replaces them (they cannot keep MQBench's meaning here).

@@ -24,9 +24,26 @@ from typing import Any
 import torch
 from torch import Tensor, fx, nn
 
-from mqbench.advanced_ptq.correction import equalization_pairs, equalize_pair
+from mqbench.advanced_ptq.correction import _LAYERS, _POOLS, equalization_pairs, equalize_pair
+from mqbench.fake_quantize.quantize_base import QuantizeBase
 
-__all__ = ["dfq_weight_equalization", "get_weight_equalization_groups", "weight_equalize_conv_pair"]
+__all__ = [
+    "ACT_TYPES",
+    "COLLECT_TYPES",
+    "FAKE_QUANT_TYPE",
+    "POOL_TYPES",
+    "dfq_weight_equalization",
+    "get_weight_equalization_groups",
+    "weight_equalize_conv_pair",
+]
+
+# The types MQBench's equalization walk reads, as this package's walk (mqbench.advanced_ptq.equalization_pairs)
+# reads them: the layers it pairs, the activations and pooling layers a pair may have between its two layers, and
+# the fake quantizers it passes over.
+COLLECT_TYPES = list(_LAYERS)
+ACT_TYPES = [nn.ReLU]
+POOL_TYPES = list(_POOLS)
+FAKE_QUANT_TYPE = [QuantizeBase]
 
 
 @torch.no_grad()
@@ -55,9 +72,10 @@ def dfq_weight_equalization(
     return weight_1, bias_1, weight_2, scale
 
 
-def weight_equalize_conv_pair(modules: Mapping[str, nn.Module], weq_pair: Sequence[str]) -> Tensor:
-    """Equalize the two layers named in ``weq_pair`` (``dict(model.named_modules())``), in place; the scales."""
-    first, second = (modules[name] for name in weq_pair)
+def weight_equalize_conv_pair(modules: Mapping[str, nn.Module], weq_pair: Sequence[Any]) -> Tensor:
+    """Equalize the two layers of ``weq_pair`` (their graph nodes, as MQBench passes them, or their module names in
+    ``dict(model.named_modules())``), in place; the scales."""
+    first, second = (modules[str(getattr(item, "target", item))] for item in weq_pair)
     return equalize_pair(first, second)
 
 

@@ -1,14 +1,15 @@
 """Cross-layer equalization and empirical bias correction (Nagel et al., 2019), on a prepared model.
 
 ``cross_layer_equalization(model)``: for each pair of layers where the first one's output reaches
-the second one alone, through nothing but a ReLU (or nothing, or activation quantizers not yet
+the second one alone, through nothing but a ReLU and pooling layers (or nothing, or activation quantizers not yet
 calibrated), output channel ``i`` of the first layer is divided by
 ``s_i = sqrt(r1_i / r2_i)`` and input channel ``i`` of the second multiplied by it (``r1_i`` the
 largest magnitude of the first layer's channel ``i`` weights, ``r2_i`` that of the second
-layer's input channel ``i``). ReLU commutes with a positive scale, so the float model computes
+layer's input channel ``i``). ReLU and pooling commute with a positive scale, so the float model computes
 the same; afterwards both ranges are ``sqrt(r1_i r2_i)``, which evens out per-tensor weight
-grids. Run it on a prepared model before calibrating it (BatchNorm is folded by then in
-post-training preparation); depthwise second layers are handled, other grouped ones skipped.
+grids. A pair's equalizer registered with ``mqbench.utils.registry.register_weight_equalization_function`` for
+its two layer types replaces this rule for it. Run it on a prepared model before calibrating it (BatchNorm is
+folded by then in post-training preparation); depthwise second layers are handled, other grouped ones skipped.
 
 ``bias_correction(model, cali_data)``: for each quantized conv or linear layer, in graph order,
 the mean per output channel of ``layer(x; quantized weight) - layer(x; float weight)`` over the
@@ -51,11 +52,16 @@ from mqbench.custom_quantizer.ops import node_kind
 from mqbench.fake_quantize.quantize_base import QuantizeBase
 from mqbench.nn.intrinsic.qat.modules.bn_folding import BnFoldingModule
 from mqbench.utils.logger import logger
+from mqbench.utils.registry import weight_equalization_function
 from mqbench.utils.tied import shared_weights
 
 __all__ = ["bias_correction", "cross_layer_equalization", "equalization_pairs", "equalize_pair"]
 
 _LAYERS = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Linear)
+# pooling layers a pair's channels pass through unchanged in order (each commutes with a positive scale per channel)
+_POOLS: tuple[type[nn.Module], ...] = (nn.MaxPool1d, nn.MaxPool2d, nn.MaxPool3d, nn.AvgPool1d, nn.AvgPool2d)
+_POOLS += (nn.AvgPool3d, nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d, nn.AdaptiveAvgPool3d, nn.AdaptiveMaxPool1d)
+_POOLS += (nn.AdaptiveMaxPool2d, nn.AdaptiveMaxPool3d)
 
 
 def _layer(node: fx.Node, modules: dict[str, nn.Module]) -> nn.Module | None:
@@ -80,7 +86,7 @@ def _ends_with_other_activation(module: nn.Module) -> bool:
 
 
 def _next_layer(node: fx.Node, modules: dict[str, nn.Module]) -> fx.Node | None:
-    """The layer that alone reads ``node``'s output, through ReLUs and quantizers only."""
+    """The layer that alone reads ``node``'s output, through ReLUs, pooling layers and quantizers only."""
     current = node
     while True:
         users = list(current.users)
@@ -89,8 +95,8 @@ def _next_layer(node: fx.Node, modules: dict[str, nn.Module]) -> fx.Node | None:
         user = users[0]
         if _layer(user, modules) is not None:
             return user if user.args and user.args[0] is current else None
-        quantizer = user.op == "call_module" and isinstance(modules.get(str(user.target)), QuantizeBase)
-        if not (quantizer or node_kind(user, modules) == "relu"):
+        module = modules.get(str(user.target)) if user.op == "call_module" else None
+        if not (isinstance(module, (QuantizeBase, *_POOLS)) or node_kind(user, modules) == "relu"):
             return None
         current = user
 
@@ -168,9 +174,15 @@ def equalize_pair(first: nn.Module, second: nn.Module) -> Tensor:
 def cross_layer_equalization(model: fx.GraphModule, iterations: int = 1) -> list[tuple[str, str]]:
     """Equalize the weight ranges of every eligible pair of layers (see the module docstring); returns the pairs."""
     pairs = equalization_pairs(model)
+    modules = dict(model.named_modules())
+    nodes = {node.name: node for node in model.graph.nodes}
     for _ in range(iterations):
-        for _, _, first, second in pairs:
-            equalize_pair(first, second)
+        for a, b, first, second in pairs:
+            registered = weight_equalization_function(type(first), type(second))  # a user's own, for these types
+            if registered is not None:
+                registered(modules, [nodes[a], nodes[b]])
+            else:
+                equalize_pair(first, second)
     logger.info("cross-layer equalization: %d pair(s)", len(pairs))
     return [(a, b) for a, b, _, _ in pairs]
 

@@ -12,9 +12,18 @@ from __future__ import annotations
 import logging
 import sys
 
-__all__ = ["QBENCH_LOGGER_NAME", "disable_logging", "fmt", "logger", "set_log_level", "stdout_handler"]
+__all__ = [
+    "MQBENCH_LOGGER_NAME",
+    "QBENCH_LOGGER_NAME",
+    "disable_logging",
+    "fmt",
+    "logger",
+    "set_log_level",
+    "stdout_handler",
+]
 
 QBENCH_LOGGER_NAME = "mqbench"  # MQBench's name for the logger's name
+MQBENCH_LOGGER_NAME = QBENCH_LOGGER_NAME  # its later name for it: logging.getLogger(MQBENCH_LOGGER_NAME) is the logger
 fmt = logging.Formatter("[%(name)s %(levelname)s] %(message)s")
 logger = logging.getLogger(QBENCH_LOGGER_NAME)
 # The handler mqbench's messages go through (MQBench's name; they go to stderr, as warnings do).

@@ -41,7 +41,7 @@ Example:
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from contextlib import suppress
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -66,8 +66,10 @@ __all__ = [
     "find_units",
     "node2modules",
     "profile_layers",
+    "profile_summary",
     "profiling",
     "to_device",
+    "update_model_with_dummy_module",
 ]
 
 MODES = ("standalone", "interaction")
@@ -345,9 +347,7 @@ def profiling(
         enabled = ", ".join(row.quantizers) if len(row.quantizers) <= 2 else f"{len(row.quantizers)} quantizers"
         lines.append(f"| {row.op} | {row.name} | {enabled} | {row.cosine:.6f} | {_format_db(row.sqnr_db)} |")
     logger.info("\n".join(lines))
-    worst = min(table, key=lambda r: r.cosine)
-    mean = sum(r.cosine for r in table) / len(table)
-    logger.info(f"mean cosine {mean:.6f}; worst layer {worst.name} ({worst.op}) cosine {worst.cosine:.6f}")
+    logger.info(profile_summary(table))
     return table
 
 
@@ -361,3 +361,60 @@ def cosine(x: Tensor, y: Tensor) -> float:
     """The cosine similarity of two tensors, flattened."""
     x, y = x.detach().flatten().double(), y.detach().flatten().double()
     return float((x @ y) / (x.norm() * y.norm()).clamp_min(1e-30))
+
+
+def profile_summary(result: Iterable[LayerError | Mapping[str, Any]]) -> str:
+    """MQBench's summary of a profile: the mean cosine and the worst layer, from :func:`profiling`'s rows or from
+    MQBench's result dicts (``name``, ``op``, ``nodes``, ``cos``)."""
+    rows = [
+        (r["name"], r["op"], r.get("nodes"), float(r["cos"]))
+        if isinstance(r, Mapping)
+        else (r.name, r.op, list(r.quantizers), r.cosine)
+        for r in result
+    ]
+    if not rows:
+        raise ValueError("profile_summary needs the rows of at least one profiled layer")
+    name, op, nodes, worst = min(rows, key=lambda row: row[3])
+    return (
+        f"avg cos: {sum(row[3] for row in rows) / len(rows)}\nworst layer: {name}({op}) with nodes {nodes} cos {worst}"
+    )
+
+
+def update_model_with_dummy_module(
+    fp_model: fx.GraphModule,
+    quant_model: fx.GraphModule,
+    quant_node: fx.Node,
+    fp_node: fx.Node,
+    quant_nodes: Sequence[fx.Node],
+    fp_nodes: Sequence[fx.Node],
+    quant_node2module: dict[fx.Node, nn.Module],
+    fp_node2module: dict[fx.Node, nn.Module],
+) -> tuple[fx.Node, fx.Node, fx.GraphModule, fx.GraphModule, dict[fx.Node, nn.Module], dict[fx.Node, nn.Module]]:
+    """MQBench's step for profiling a function's output: an ``nn.Identity`` module (``<node name>_dummy``) after
+    ``quant_node`` in ``quant_model`` and after ``fp_node`` in ``fp_model``, read in the node's place by the nodes
+    of ``quant_nodes`` / ``fp_nodes`` that read it, so that a forward hook on the module sees the function's
+    output. The maps get each new node's module; returns ``(quant dummy node, fp dummy node, fp_model,
+    quant_model, quant_node2module, fp_node2module)``, the models changed in place."""
+    if not isinstance(fp_model, fx.GraphModule) or not isinstance(quant_model, fx.GraphModule):
+        raise ValueError(
+            "update_model_with_dummy_module takes the float and the quantized model as torch.fx.GraphModule, got "
+            f"{type(fp_model).__name__} and {type(quant_model).__name__}"
+        )
+    inserted = []
+    for model, node, readers, node2module in (
+        (quant_model, quant_node, quant_nodes, quant_node2module),
+        (fp_model, fp_node, fp_nodes, fp_node2module),
+    ):
+        dummy = nn.Identity()
+        target = f"{node.name}_dummy"
+        model.add_submodule(target, dummy)
+        with model.graph.inserting_after(node):
+            new = model.graph.call_module(target, args=(node,))
+        for reader in readers:
+            if reader is not new and node in reader.all_input_nodes:
+                reader.replace_input_with(node, new)
+        node2module[new] = dummy
+        model.graph.lint()
+        model.recompile()
+        inserted.append(new)
+    return inserted[0], inserted[1], fp_model, quant_model, quant_node2module, fp_node2module

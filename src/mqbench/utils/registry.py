@@ -12,10 +12,10 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Generic, TypeVar
 
-__all__ = ["Registry"]
+__all__ = ["WEIGHT_EQUALIZATION_FUNCTION", "Registry", "register_weight_equalization_function"]
 
 # MQBench's registries and decorators, kept where they are implemented and read from here on first use (so
 # that this module, which everything imports, imports nothing of the package): BACKEND_DEPLOY_FUNCTION,
@@ -40,6 +40,35 @@ def __getattr__(name: str) -> Any:
 
 
 T = TypeVar("T")
+
+# MQBench's registry of pair equalizers: WEIGHT_EQUALIZATION_FUNCTION[first layer type] = {second layer type:
+# function(modules, pair)}, where ``modules`` is ``dict(model.named_modules())`` and ``pair`` the two layers' graph
+# nodes (or module names). ``mqbench.advanced_ptq.cross_layer_equalization`` equalizes a pair with the function
+# registered for its two layer types (the nearest classes in their MROs) and with its own rule where none is.
+PairEqualizer = Callable[[Mapping[str, Any], Sequence[Any]], Any]
+WEIGHT_EQUALIZATION_FUNCTION: dict[type, dict[type, PairEqualizer]] = {}
+
+
+def register_weight_equalization_function(layer1: type, layer2: type) -> Callable[[PairEqualizer], PairEqualizer]:
+    """Register ``func(modules, pair)`` as the equalizer of a ``layer1`` followed by a ``layer2`` (MQBench's
+    decorator; a later registration for the same ``layer1`` replaces the earlier one, as MQBench's does)."""
+
+    def insert(
+        func: Callable[[Mapping[str, Any], Sequence[Any]], Any],
+    ) -> Callable[[Mapping[str, Any], Sequence[Any]], Any]:
+        WEIGHT_EQUALIZATION_FUNCTION[layer1] = {layer2: func}
+        return func
+
+    return insert
+
+
+def weight_equalization_function(first: type, second: type) -> Callable[[Mapping[str, Any], Sequence[Any]], Any] | None:
+    """The equalizer registered for a ``first`` layer followed by a ``second`` one (nearest classes first)."""
+    for one in first.__mro__:
+        for two in second.__mro__:
+            if two in WEIGHT_EQUALIZATION_FUNCTION.get(one, {}):
+                return WEIGHT_EQUALIZATION_FUNCTION[one][two]
+    return None
 
 
 class Registry(Mapping[str, T], Generic[T]):
