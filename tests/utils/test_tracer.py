@@ -410,3 +410,41 @@ def test_arguments_indexed_otherwise_are_left_as_they_are():
     traced = trace(Indexed())
     assert [n.target for n in traced.graph.nodes if n.op == "placeholder"] == ["pair"]
     assert torch.equal(traced((torch.ones(2), torch.ones(2))), torch.full((2,), 2.0))
+
+
+class CachedBias(nn.Module):
+    """Keeps a value its forward computes in a dict while in eval mode, as timm's LeViT keeps its attention biases
+    (keyed by device): tracing puts a Proxy there."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+        self.bias_table = nn.Parameter(torch.randn(4))
+        self.cache: dict[str, Any] = {}
+        self.seen: list[Any] = []
+
+    def forward(self, x):
+        if not self.training:
+            if "cpu" not in self.cache:
+                self.cache["cpu"] = self.bias_table * 2.0
+            self.seen.append(self.cache["cpu"])
+            return self.linear(x) + self.cache["cpu"]
+        return self.linear(x) + self.bias_table * 2.0
+
+
+def test_tracing_leaves_the_models_python_state_as_it_was():
+    torch.manual_seed(0)
+    model = nn.Sequential(CachedBias(), nn.ReLU()).eval()
+    model[0].cache["kept"] = 1  # a value the model had before: it stays
+    x = torch.randn(3, 4)
+    expected = model(x)
+    model[0].cache.pop("cpu")
+    model[0].seen.clear()
+    traced = trace(model)
+    assert model[0].cache == {"kept": 1} and model[0].seen == []  # the Proxy taken out, the same objects kept
+    torch.testing.assert_close(traced(x), expected, rtol=0, atol=0)
+    qmodel = prepare_by_platform(model, "tensorrt")  # traced again: before, the stale Proxy broke this graph
+    disable_all(qmodel)
+    torch.testing.assert_close(qmodel(x), expected, rtol=1e-6, atol=1e-6)
+    assert not any(isinstance(v, fx.Proxy) for v in model[0].cache.values())
+    torch.testing.assert_close(model(x), expected, rtol=0, atol=0)  # the user's model still runs

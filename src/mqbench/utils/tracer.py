@@ -10,12 +10,14 @@ Example:
 
 from __future__ import annotations
 
+import copy
 import inspect
 import keyword
 import operator
 import os
 import traceback
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -118,7 +120,8 @@ def trace(
     model = unwrap_model(model)
     tracer = custom_tracer if custom_tracer is not None else QuantizationTracer(leaf_modules)
     try:
-        graph = tracer.trace(model, concrete_args=concrete_args)
+        with _python_state_kept(model):
+            graph = tracer.trace(model, concrete_args=concrete_args)
     except Exception as error:
         # fx.Tracer records the modules it is inside (qualified name, type), innermost last.
         scopes = [entry[0] for entry in getattr(tracer, "module_stack", {}).values() if entry and entry[0]]
@@ -133,6 +136,53 @@ def trace(
     _default_concrete_inputs(model, graph, concrete_args or {})
     _flatten_dict_inputs(graph, set(concrete_args or {}))
     return fx.GraphModule(tracer.root, graph, name)
+
+
+_MODULE_INTERNALS = frozenset({"_parameters", "_buffers", "_modules", "training"})
+
+
+def _holds_proxy(value: Any, depth: int = 4) -> bool:
+    """Whether ``value`` is an fx Proxy or a container (dict, list, tuple, set) holding one, a few levels down."""
+    if isinstance(value, fx.Proxy):
+        return True
+    if depth == 0:
+        return False
+    if isinstance(value, dict):
+        return any(_holds_proxy(k, depth - 1) or _holds_proxy(v, depth - 1) for k, v in value.items())
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return any(_holds_proxy(item, depth - 1) for item in value)
+    return False
+
+
+@contextmanager
+def _python_state_kept(model: nn.Module) -> Iterator[None]:
+    """Every module's Python attributes after tracing as they were before wherever tracing left a traced value
+    (an fx Proxy) in them: a cache a forward fills in eval mode (timm's LeViT keeps its attention biases in a dict)
+    would otherwise hand the next trace a value of this graph, or hand the model's own forward a Proxy.
+
+    Attributes that tracing changed without a Proxy stay as they are; a container changed in place comes back
+    with its earlier contents, in the same object."""
+    before = []
+    for module in model.modules():
+        state = {key: value for key, value in vars(module).items() if key not in _MODULE_INTERNALS}
+        contents = {k: copy.copy(v) for k, v in state.items() if isinstance(v, (dict, list, set))}
+        before.append((module, state, contents))
+    try:
+        yield
+    finally:
+        for module, state, contents in before:
+            for key in [k for k, v in vars(module).items() if k not in _MODULE_INTERNALS and _holds_proxy(v)]:
+                value = vars(module)[key]
+                if key not in state:
+                    delattr(module, key)
+                elif key in contents and value is state[key]:  # the same container, filled in place
+                    value.clear()
+                    if isinstance(value, list):
+                        value.extend(contents[key])
+                    else:
+                        value.update(contents[key])
+                else:
+                    object.__setattr__(module, key, state[key])
 
 
 def _default_concrete_inputs(model: nn.Module, graph: fx.Graph, concrete_args: Mapping[str, Any]) -> None:
