@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import tempfile
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -46,6 +47,7 @@ class DemoRow:
     max_lsb: float | None = None  # the largest per-tensor difference over every verified artifact
     verified: int = 0  # artifacts checked on a runtime
     failures: tuple[str, ...] = ()  # failed verdicts (as ``mqbench verify`` decides them)
+    warnings: tuple[str, ...] = ()  # what preparing, calibrating and deploying it warned about, once each
 
     @property
     def passed(self) -> bool:
@@ -92,25 +94,26 @@ def _run_demo(epochs: int, qat_epochs: int, seed: int, log: Callable[[str], None
         reduced = bool(facts["int8_pairs_saturate"] and spec.served_on_cpu)
         if reduced:
             config = reduce_range_config(spec, config)
-        prepared = prepare_by_platform(float_model, name, config)
-        calibrate(prepared, train_split)
         weights = spec.weight.scheme if spec.weight else None
         if weights is not None and reduced:
             weights = replace(weights, bits=7)
         activations = spec.activation.scheme if spec.activation else None
-        rows.append(
-            _deployed_row(
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            prepared = prepare_by_platform(float_model, name, config)
+            calibrate(prepared, train_split)
+            row = _deployed_row(
                 f"{name} (PTQ)",
                 name,
                 prepared,
                 _scheme_text(weights, "int8 LSQ"),
-                _scheme_text(activations, "uint8 LSQ"),
+                _scheme_text(activations, "uint8 LSQ" if spec.weight is None else "float"),  # weight-only: float
                 test_split,
                 verification,
                 start,
                 folder,
             )
-        )
+        rows.append(replace(row, warnings=tuple(dict.fromkeys(str(w.message) for w in caught))))
 
     start = time.perf_counter()
     qat_model = prepare_by_platform(float_model.train(), "academic", academic_config(4))
@@ -165,18 +168,26 @@ def _deployed_row(
 
 
 def _scheme_text(scheme: Any, default: str) -> str:
+    """The format as a user names it: ``int8 per-channel``, ``uint8``, ``int4 g128``, ``FP8 E4M3``, ``int8 pot``."""
     if scheme is None:
         return default
     sign = "u" if scheme.quant_min >= 0 else ""
-    granularity = " per-channel" if scheme.per_channel else ""
-    pot = " pot" if scheme.pot_scale else ""
-    return f"{sign}int{scheme.bits}{granularity}{pot}"
+    number = f"FP8 {scheme.fp8.upper()}" if scheme.fp8 else f"{sign}int{scheme.bits}"
+    per_channel = " per-channel" if scheme.per_channel else ""
+    granularity = f" g{scheme.group_size}" if scheme.group_size else per_channel
+    return f"{number}{granularity}{' pot' if scheme.pot_scale else ''}"
 
 
 def format_table(rows: list[DemoRow], float_accuracy: float) -> str:
+    """The rows as a table whose text columns are as wide as their longest entry; below it the failed verdicts and
+    the warnings, each once, under the row that gave them."""
+    name_width = max(len("model"), *(len(row.name) for row in rows)) + 2
+    weight_width = max(len("weights"), *(len(row.weights) for row in rows)) + 2
+    act_width = max(len("activations"), *(len(row.activations) for row in rows)) + 2
+    runtime_width = max(len("runtime"), *(len(row.runtime or "-") for row in rows)) + 2
     header = (
-        f"{'model':<22}{'weights':<20}{'activations':<12}{'simulated':>10}{'deployed':>10}{'vs float':>9}"
-        f"{'runtime':>15}{'max LSB':>8}{'checked':>8}{'time':>7}"
+        f"{'model':<{name_width}}{'weights':<{weight_width}}{'activations':<{act_width}}{'simulated':>10}"
+        f"{'deployed':>10}{'vs float':>9}{'runtime':>{runtime_width}}{'max LSB':>8}{'checked':>8}{'time':>7}"
     )
     lines = [
         "DigitsCNN on scikit-learn digits (test split, 450 images): simulation, then the deployed model on its runtime",
@@ -191,8 +202,9 @@ def format_table(rows: list[DemoRow], float_accuracy: float) -> str:
         checked = f"{row.verified:>8}" if row.verified else f"{'-':>8}"
         checked = checked if row.passed else f"{'FAILED':>8}"
         lines.append(
-            f"{row.name:<22}{row.weights:<20}{row.activations:<12}{row.accuracy * 100:>9.1f}%{deployed}"
-            f"{delta:>+8.1f}%{row.runtime or '-':>15}{lsb}{checked}{row.seconds:>6.1f}s"
+            f"{row.name:<{name_width}}{row.weights:<{weight_width}}{row.activations:<{act_width}}"
+            f"{row.accuracy * 100:>9.1f}%{deployed}{delta:>+8.1f}%{row.runtime or '-':>{runtime_width}}{lsb}{checked}"
+            f"{row.seconds:>6.1f}s"
         )
     lines.append(
         "max LSB: the largest difference of any quantized tensor between the simulation and a runtime, over every "
@@ -200,4 +212,7 @@ def format_table(rows: list[DemoRow], float_accuracy: float) -> str:
         "(the artifact's arithmetic, or this host's runtime serving it) is out of tolerance"
     )
     lines += [f"FAILED {row.name}: {line}" for row in rows for line in row.failures]
+    warned = [(row.name, message) for row in rows for message in row.warnings]
+    if warned:
+        lines += ["", "warnings:"] + [f"  {name}: {message}" for name, message in warned]
     return "\n".join(lines)
