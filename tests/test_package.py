@@ -180,3 +180,32 @@ def test_no_source_file_is_over_700_lines():
     root = Path(mqbench.__file__).parent
     long = {str(p.relative_to(root)): n for p in root.rglob("*.py") if (n := len(p.read_text().splitlines())) > 700}
     assert not long, long
+
+
+def test_the_subsystems_of_mqbench_import_each_other_without_a_cycle():
+    """``mqbench.<package>`` as one node each (utils, observer, fake_quantize, advanced_ptq, deploy, ...): the
+    foundation (utils) imports nothing above it, so the layers stack without a circle."""
+    graph: dict[str, set[str]] = {}
+    for module, (edges, _) in _module_imports().items():
+        here = ".".join(module.split(".")[:2])
+        graph.setdefault(here, set()).update(".".join(e.split(".")[:2]) for e in edges)
+    for node, edges in graph.items():
+        edges.discard(node)
+    state: dict[str, int] = {}
+    path: list[str] = []
+
+    def visit(node: str) -> None:
+        state[node] = 1
+        path.append(node)
+        for other in sorted(graph.get(node, ())):
+            if state.get(other) == 1:
+                raise AssertionError("subsystem cycle: " + " -> ".join([*path[path.index(other) :], other]))
+            if other not in state:
+                visit(other)
+        path.pop()
+        state[node] = 2
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node)
+    assert not {e for e in graph["mqbench.utils"] if e != "mqbench.utils"}, graph["mqbench.utils"]

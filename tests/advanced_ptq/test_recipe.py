@@ -17,10 +17,10 @@ from mqbench.advanced_ptq import calibrate
 from mqbench.advanced_ptq.calibration import recipe_of, use_activation_observer
 from mqbench.backends import ParamsTable, PTQRecipe
 from mqbench.data import photo_crops
-from mqbench.fake_quantize.role import role_of
 from mqbench.models.pretrained import load_imagenet_mobilenet_v2
 from mqbench.observer import ObserverDict
 from mqbench.prepare_by_platform import prepare_by_platform
+from mqbench.utils.role import role_of
 from mqbench.utils.state import all_switched_off, enable_quantization, quantizers
 
 

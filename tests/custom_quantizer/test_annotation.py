@@ -19,10 +19,10 @@ from mqbench.custom_quantizer.passes import fuse_patterns, insert_activation_qua
 from mqbench.custom_quantizer.plan import annotate_graph, carry_out, plan_of
 from mqbench.custom_quantizer.qconfig import resolve_qconfig
 from mqbench.fake_quantize import FixedFakeQuantize
-from mqbench.fake_quantize.role import role_of
 from mqbench.fuser_method_mapping import FUSER_METHODS, QAT_MODULE_MAPPING
 from mqbench.observer import MinMaxObserver
 from mqbench.prepare_by_platform import prepare_by_platform
+from mqbench.utils.role import role_of
 
 EIGHT_BIT = FixedFakeQuantize.with_args(observer=MinMaxObserver, quant_min=-128, quant_max=127)
 

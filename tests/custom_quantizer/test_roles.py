@@ -14,8 +14,8 @@ from torch import nn
 from mqbench.convert_deploy import convert_deploy
 from mqbench.fake_quantize import LearnableFakeQuantize
 from mqbench.fake_quantize.quantize_base import QuantizeBase
-from mqbench.fake_quantize.role import ROLE_ATTRIBUTE, QuantizerRole, role_of
 from mqbench.prepare_by_platform import prepare_by_platform
+from mqbench.utils.role import ROLE_ATTRIBUTE, QuantizerRole, role_of
 from mqbench.utils.state import enable_calibration, enable_quantization
 
 

@@ -10,9 +10,9 @@ import torch
 from torch import nn
 
 from mqbench.convert_deploy import convert_deploy
+from mqbench.deploy.fidelity import FAR_SQNR_DB, simulation_fidelity
 from mqbench.deploy.verify import verify_deploy
 from mqbench.prepare_by_platform import prepare_by_platform
-from mqbench.utils.fidelity import FAR_SQNR_DB, simulation_fidelity
 from mqbench.utils.state import enable_calibration, enable_quantization
 
 

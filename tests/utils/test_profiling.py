@@ -7,9 +7,9 @@ import torch
 from torch import nn
 
 from mqbench.advanced_ptq import calibrate
+from mqbench.advanced_ptq.profiling import find_units, profile_layers, profiling
 from mqbench.models import resnet18
 from mqbench.prepare_by_platform import BackendType, prepare_by_platform
-from mqbench.utils.profiling import find_units, profile_layers, profiling
 from mqbench.utils.state import enable_calibration, enable_quantization, quantizers
 
 

@@ -36,10 +36,10 @@ from mqbench.backends.registry import ParamsTable
 from mqbench.backends.spec import BackendSpec, PTQRecipe
 from mqbench.custom_quantizer.ops import node_kind
 from mqbench.custom_quantizer.plan import plan_of
-from mqbench.fake_quantize.role import role_of
 from mqbench.observer import ObserverDict
 from mqbench.observer.base import ObserverBase
 from mqbench.utils.logger import logger
+from mqbench.utils.role import role_of
 from mqbench.utils.state import (
     enable_calibration_woquantization,
     enable_quantization,

@@ -1,7 +1,7 @@
 """``mqbench profile`` and ``mqbench mixed-precision``: where the error comes from, and widths per layer.
 
 ``mqbench profile --config FILE --output DIR`` is ``mqbench ptq`` plus
-:func:`~mqbench.utils.profiling.profile_layers` on the calibrated model (``profile.modes`` on
+:func:`~mqbench.advanced_ptq.profiling.profile_layers` on the calibrated model (``profile.modes`` on
 ``profile.batches`` calibration batches): each layer's SQNR against float with only its weights,
 only its activations or both quantized, and with everything up to it quantized. The table lands
 in ``results.json`` (``profile``), ``profile.md`` and the report, with a plot.
@@ -26,11 +26,11 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from mqbench.advanced_ptq import calibrate
+from mqbench.advanced_ptq.profiling import profile_layers
 from mqbench.app.config import ConfigError
 from mqbench.app.ptq import quantize_ptq
 from mqbench.app.runs import Run, execute
 from mqbench.mix_precision import search_mixed_precision
-from mqbench.utils.profiling import profile_layers
 
 __all__ = ["run_mixed_precision", "run_profile"]
 

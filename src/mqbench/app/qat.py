@@ -31,7 +31,7 @@ from mqbench.app.config import ConfigError
 from mqbench.app.distributed import restore_batch_norm, synchronise_batch_norm
 from mqbench.app.runs import Run, execute, prediction
 from mqbench.fake_quantize.lsq import LearnableFakeQuantize
-from mqbench.fake_quantize.role import role_of
+from mqbench.utils.role import role_of
 from mqbench.utils.state import enable_calibration, enable_quantization
 
 __all__ = ["run_qat"]

@@ -26,7 +26,7 @@ import torch
 from torch import Tensor, nn
 
 from mqbench.fake_quantize.quantize_base import QuantizeBase
-from mqbench.fake_quantize.role import role_of
+from mqbench.utils.role import role_of
 from mqbench.utils.state import disable_all, enable_quantization
 
 __all__ = [

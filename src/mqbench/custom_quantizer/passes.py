@@ -24,8 +24,8 @@ from mqbench.custom_quantizer.annotation import (
     annotation_of,
 )
 from mqbench.custom_quantizer.bits import set_quantizer_bits
-from mqbench.fake_quantize.role import QuantizerRole, set_role
 from mqbench.fuser_method_mapping import Pattern
+from mqbench.utils.role import QuantizerRole, set_role
 
 __all__ = [
     "delete_unused_submodules",

@@ -19,11 +19,11 @@ from torch import Tensor, fx, nn
 
 from mqbench.custom_quantizer.passes import set_submodule
 from mqbench.fake_quantize.quantize_base import QuantizeBase, _exporting
-from mqbench.fake_quantize.role import role_of, set_role
 from mqbench.functional import fake_quantize, fake_quantize_for_export, from_groups, to_groups
 from mqbench.grids import grid_of
 from mqbench.nn.intrinsic.qat.modules.bn_folding import BnFoldingModule
 from mqbench.qparams import TensorQParams, float32_refusal
+from mqbench.utils.role import role_of, set_role
 from mqbench.utils.state import UncalibratedError, calibrate_weights, quantizers
 from mqbench.utils.tied import shared_weights
 

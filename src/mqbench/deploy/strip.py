@@ -39,8 +39,8 @@ from mqbench.deploy.onnx_graph import (
     unique_name,
 )
 from mqbench.deploy.repair import repair_export
-from mqbench.fake_quantize.role import role_of
 from mqbench.qparams import QParamTable, TensorQParams
+from mqbench.utils.role import role_of
 
 __all__ = ["ExportedGraph", "export_marked", "strip_quantizers"]
 

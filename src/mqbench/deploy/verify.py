@@ -53,13 +53,13 @@ from mqbench.deploy.comparison import (
     simulate,
     simulation_copy,
 )
+from mqbench.deploy.fidelity import Fidelity, simulation_fidelity
 from mqbench.deploy.functions import deploy_functions
 from mqbench.deploy.inputs import resolve_inputs
 from mqbench.deploy.qdq import insert_qdq
 from mqbench.deploy.reference import run_reference
 from mqbench.deploy.writers import FORMATS, READERS
 from mqbench.qparams import QParamTable, TensorQParams
-from mqbench.utils.fidelity import Fidelity, simulation_fidelity
 from mqbench.utils.host import host_facts
 
 __all__ = ["ArtifactReport", "HostReport", "TensorDiff", "VerifyReport", "simulate", "verify_deploy"]
@@ -260,7 +260,7 @@ def verify_deploy(
     """Compare every runnable artifact of ``result`` (a DeployResult) with ``qmodel``'s simulation on ``inputs``.
 
     With ``fidelity`` (default) the report also says how far the simulation is from the float model on the
-    same inputs (``report.fidelity``: per output and per quantizer, :mod:`mqbench.utils.fidelity`), and a
+    same inputs (``report.fidelity``: per output and per quantizer, :mod:`mqbench.deploy.fidelity`), and a
     simulation far from float warns, naming the worst quantizers and the remedies: a passing verification
     means the files compute the simulation, not that the simulation is close to float.
 

@@ -27,7 +27,7 @@ from typing import Any, Protocol, cast
 import torch
 from torch import Tensor, nn
 
-from mqbench.fake_quantize.role import ROLE_ATTRIBUTE, QuantizerRole
+from mqbench.utils.role import ROLE_ATTRIBUTE, QuantizerRole
 
 __all__ = [
     "Quantizer",

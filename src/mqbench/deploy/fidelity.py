@@ -22,7 +22,7 @@ Example:
     >>> from torch import nn
     >>> from mqbench.prepare_by_platform import prepare_by_platform
     >>> from mqbench.utils.state import enable_calibration, enable_quantization
-    >>> from mqbench.utils.fidelity import simulation_fidelity
+    >>> from mqbench.deploy.fidelity import simulation_fidelity
     >>> torch.manual_seed(0) and None
     >>> qmodel = prepare_by_platform(nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2)).eval(), "tensorrt")
     >>> x = torch.randn(64, 8)
@@ -44,7 +44,7 @@ import torch.utils._pytree as pytree
 from torch import Tensor, nn
 
 from mqbench.fake_quantize.quantize_base import QuantizeBase
-from mqbench.fake_quantize.role import role_of
+from mqbench.utils.role import role_of
 from mqbench.utils.state import all_switched_off
 
 __all__ = ["FAR_SQNR_DB", "Fidelity", "TensorFidelity", "simulation_fidelity"]
