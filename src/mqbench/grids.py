@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 import onnx
@@ -42,8 +42,42 @@ from mqbench import kernels
 from mqbench.functional import FP8_FORMATS, fake_quantize, fp8_quantize
 from mqbench.utils.registry import Registry
 
-if TYPE_CHECKING:
-    from mqbench.qparams import TensorQParams
+
+class TensorQParams(Protocol):
+    """What a grid reads of a parameter-table entry (:class:`mqbench.qparams.TensorQParams` has it, read-only;
+    named here as a protocol so that this module, which the table imports, imports nothing of it)."""
+
+    @property
+    def scale(self) -> np.ndarray: ...
+
+    @property
+    def zero_point(self) -> np.ndarray: ...
+
+    @property
+    def quant_min(self) -> int: ...
+
+    @property
+    def quant_max(self) -> int: ...
+
+    @property
+    def axis(self) -> int | None: ...
+
+    @property
+    def grid(self) -> str: ...
+
+    @property
+    def data_max(self) -> float | None: ...
+
+    @property
+    def group_size(self) -> int | None: ...
+
+    @property
+    def bits(self) -> int: ...
+
+    def expanded(self, values: np.ndarray, shape: tuple[int, ...]) -> np.ndarray: ...
+
+    def float_range(self) -> tuple[Any, Any]: ...
+
 
 __all__ = [
     "GRIDS",
