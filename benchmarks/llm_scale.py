@@ -10,7 +10,10 @@ or preparing). ``per block`` is that time over the number of blocks: flat when t
 
 Part ``tinyllama`` (not run by default): GPTQ W4A16 in groups of 128 on a random-weight decoder of TinyLlama-1.1B's
 shape (22 blocks, width 2048, MLP 5632, 32 heads, 4 key-value heads, vocabulary 32000; float32 weights 4.4 GB) with
-the same calibration windows: wall time and peak resident memory.
+the same calibration windows: wall time and peak resident memory. glibc's allocator keeps freed blocks below a
+threshold that grows with the blocks freed (up to 32 MiB), so a process freeing many large tensors holds memory it
+no longer uses; each row records ``MALLOC_MMAP_THRESHOLD_`` (run with ``MALLOC_MMAP_THRESHOLD_=1048576`` to return
+every freed block of 1 MiB or more at once).
 
 ``--device cuda``: GPTQ and AWQ run each block on that device (their ``device`` key; the model stays on the host),
 and each row also gives the device's peak allocated memory. SmoothQuant's calibration has no such key and runs on
@@ -35,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import subprocess
 import sys
@@ -128,6 +132,8 @@ def run_one(algorithm: str, blocks: int, by_block: bool, args: argparse.Namespac
         "rss_before_mib": before,
         "peak_rss_mib": _rss_mib(),
         "device": args.device or "cpu",
+        # glibc keeps freed blocks below its (growing) mmap threshold; this environment variable fixes it
+        "malloc_mmap_threshold": os.environ.get("MALLOC_MMAP_THRESHOLD_"),
         "peak_device_mib": cuda,
         "parameters": sum(p.numel() for p in model.parameters()),
     }
