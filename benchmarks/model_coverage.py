@@ -22,6 +22,8 @@ batch and sequence axes and verified on another shape, with the cosine of the qu
 
 Run: .venv/bin/python benchmarks/model_coverage.py [--models mobilenetv2_100,resnet18] [--backends openvino]
      (needs ``pip install timm``; timm imports torchvision)
+     .venv/bin/python benchmarks/model_coverage.py --library mqbench [--output model_coverage_own]
+     (the project's own ResNet-18/50 and MobileNets, where timm cannot be imported)
      .venv/bin/python benchmarks/model_coverage.py --transformers [--models gpt2,llama] [--output decoder_coverage]
 """
 
@@ -119,8 +121,37 @@ def failed(case: dict[str, Any], error: Exception) -> None:
         case["traceback"] = traceback.format_exc()[-2000:]
 
 
-def run_case(name: str, backend: str, pretrained: bool, batches: int, capture: str = "auto") -> dict[str, Any]:
-    import timm
+# ``--library mqbench``: the project's own architectures, for hosts where timm cannot be imported (it imports
+# torchvision); random weights with BatchNorm statistics measured on the calibration photos (as a trained model has)
+OWN_MODELS = ("resnet18", "resnet50", "mobilenet_v2", "mobilenet_v3_small_style")
+
+
+def make_model(name: str, library: str, pretrained: bool, photos: Any) -> Any:
+    """``name`` from timm (random or pretrained weights), or from mqbench.models with BatchNorm statistics
+    accumulated over ``photos`` in training mode."""
+    import torch
+
+    if library == "timm":
+        import timm
+
+        return timm.create_model(name, pretrained=pretrained).eval()
+    from mqbench import models
+
+    if pretrained:
+        raise SystemExit("--pretrained takes timm's weights; mqbench's own architectures are built with random ones")
+    model = getattr(models, name)()
+    for module in model.modules():
+        if isinstance(module, torch.nn.modules.batchnorm._BatchNorm):
+            module.momentum = None  # a cumulative average over the photos
+    model.train()
+    with torch.no_grad():
+        model(photos)
+    return model.eval()
+
+
+def run_case(
+    name: str, backend: str, pretrained: bool, batches: int, capture: str = "auto", library: str = "timm"
+) -> dict[str, Any]:
     import torch
 
     from backend_configs import host_config
@@ -133,8 +164,8 @@ def run_case(name: str, backend: str, pretrained: bool, batches: int, capture: s
     start = time.perf_counter()
     case: dict[str, Any] = {"model": name, "backend": backend, "status": "ok", "message": ""}
     torch.manual_seed(0)
-    model = timm.create_model(name, pretrained=pretrained).eval()
-    size = int(model.pretrained_cfg.get("input_size", (3, 224, 224))[-1])
+    model = make_model(name, library, pretrained, images(16, 224, seed=2))
+    size = int(getattr(model, "pretrained_cfg", {}).get("input_size", (3, 224, 224))[-1])
     calibration = images(4 * batches, size, seed=0).split(4)
     check = images(2, size, seed=1)
     stage = "prepare"
@@ -272,6 +303,13 @@ def run_decoder(name: str, backend: str) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default=",".join(MODELS), help="comma-separated timm model names")
+    parser.add_argument(
+        "--library",
+        default="timm",
+        choices=("timm", "mqbench"),
+        help=f"where the image models come from (mqbench: {','.join(OWN_MODELS)} by default, random weights with "
+        "BatchNorm statistics of the photos)",
+    )
     parser.add_argument("--backends", default=",".join(BACKENDS))
     parser.add_argument("--pretrained", action="store_true", help="timm's pretrained weights (downloads them)")
     parser.add_argument("--batches", type=int, default=2, help="calibration batches of 4 images")
@@ -288,6 +326,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.transformers:
             import transformers as library
+        elif args.library == "mqbench":
+            import mqbench as library
         else:
             import timm as library
     except ImportError as error:
@@ -297,14 +337,15 @@ def main(argv: list[str] | None = None) -> int:
         models = args.models.split(",") if args.models != ",".join(MODELS) else list(DECODERS)
         backends = args.backends.split(",") if args.backends != ",".join(BACKENDS) else list(NLP_BACKENDS)
     else:
-        models, backends = args.models.split(","), args.backends.split(",")
+        own = args.library == "mqbench" and args.models == ",".join(MODELS)
+        models, backends = list(OWN_MODELS) if own else args.models.split(","), args.backends.split(",")
     cases = []
     for name in models:
         for backend in backends:
             if args.transformers:
                 case = run_decoder(name, backend)
             else:
-                case = run_case(name, backend, args.pretrained, args.batches, args.capture)
+                case = run_case(name, backend, args.pretrained, args.batches, args.capture, args.library)
             cases.append(case)
             how = case.get("capture", "-")
             cosine = f"cos {case['cosine']:.4f} {case['quantized_layers']}" if "cosine" in case else ""

@@ -150,3 +150,61 @@ def test_the_qdq_host_verdict_reads_the_integers_of_the_file_as_served(tmp_path,
     host = report.artifacts["onnx"].host
     shown = {t for t, name in result.dequantized.items() if name in observed}
     assert shown and shown <= set(host.per_tensor)
+
+
+class _ScaledThenLinear(nn.Module):
+    """``relu(x / 16)`` then a Linear: on OpenVINO's placement the network input and the Linear's input are
+    quantized, the latter on a grid sixteen times finer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.relu(x * 0.0625))
+
+
+def test_a_tie_in_a_hidden_input_moves_the_next_tensor_by_its_scale_ratio_and_nothing_else(tmp_path):
+    """onnxruntime serves ``DequantizeLinear -> Add -> ReLU -> QuantizeLinear`` as one QLinearAdd; the fused layer
+    in front writes the Add's input, and showing that input changes what is fused, so the simulation computes it
+    itself. Where that input was at a rounding tie and the file rounded it the other way, the next tensor moves by
+    the input's step carried through, which is more than one step of its own grid where that is the finer (ResNet's
+    residual Adds: 2 steps on a VNNI host). That difference is explained; the same difference where the input is
+    far from a tie is not, and neither is a larger one at the tie."""
+    torch.manual_seed(0)
+    qmodel = prepare_by_platform(_ScaledThenLinear().eval(), "openvino")
+    enable_calibration(qmodel)
+    with torch.no_grad():
+        qmodel(torch.linspace(-8, 8, 16).view(4, 4))
+    enable_quantization(qmodel)
+    result = convert_deploy(qmodel, "openvino", {"x": [2, 4]}, output_path=tmp_path)
+    entries = {t: e for t, e in result.table.items() if e.kind == "activation"}
+    assert len(entries) == 2
+    step = {t: float(np.asarray(e.scale).reshape(-1)[0]) for t, e in entries.items()}
+    hidden, scaled = max(step, key=step.get), min(step, key=step.get)  # x's quantizer, the Linear's input's
+    carried = step[hidden] * 0.0625 / step[scaled]  # one step of x, in steps of the Linear's input
+    assert carried > 1.5
+
+    x = torch.full((2, 4), 20.2) * step[hidden]
+    x[0, 1] = 20.5 * step[hidden]  # a tie: the simulation rounds it to 20 steps (half to even)
+    run = VerifyRun(simulation_copy(qmodel), [x], simulate(simulation_copy(qmodel), [x]), True, 1, True, False)
+    key = entries[scaled].quantizer, int(entries[scaled].extra.get("call", 0))
+    output = result.output_names[0]
+
+    def judged(column: int, steps: int) -> HostReport:
+        """The runtime's Linear input (by the grid's formula) where it held x ``steps`` of x's steps off at
+        ``column`` (x[0, 1] at 21 steps: its tie rounded up)."""
+        held = np.full((2, 4), 20.0)
+        held[0, column] += steps
+        level = np.round(np.maximum(held * step[hidden] * 0.0625, 0) / step[scaled])
+        value = (np.clip(level, 0, entries[scaled].quant_max) * step[scaled]).astype(np.float32)
+        served = {"s_q": value, output: simulate(run.model, run.inputs, {key: value}).outputs[0]}
+        report = compare(HostReport("onnx", "runtime"), served, result.table, {scaled: "s_q"}, run, [output])
+        return explain_ties(report, served, result.table, {scaled: "s_q"}, run, [output])
+
+    tie = judged(1, 1)  # the tie rounded up: the Linear's input moves by `carried` of its steps
+    assert tie.per_tensor[scaled].max_lsb_diff >= carried - 1 and tie.per_tensor[scaled].max_lsb_diff > 1
+    assert not tie.diverging(1), (tie.diverging(1), tie.per_tensor[scaled])
+    assert judged(2, 1).diverging(1) == [scaled]  # 20.2 rounds to 20 on any runtime: the same move is no tie's
+    far = judged(1, 2)
+    assert far.diverging(1) == [scaled], (carried, far.per_tensor[scaled])  # two steps above: no rounding of 20.5

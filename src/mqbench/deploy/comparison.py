@@ -77,6 +77,9 @@ class TensorDiff:
     # a float tensor: the largest difference beyond what near-tie roundings of the quantized tensors it is computed
     # from, which the runtime does not expose, can explain (None: not measured; see explain_ties)
     unexplained: float | None = None
+    # a quantized tensor beyond the tolerance: the LSBs beyond what near-tie roundings of the tensors it is computed
+    # from can explain (None: not measured; see explain_ties)
+    unexplained_lsb: float | None = None
     # NaN or inf values: (in the runtime's tensor, in the simulation's); the differences above are of the finite rest
     nonfinite: tuple[int, int] = (0, 0)
     # a constant (a weight): no arithmetic order or rounding tie can put runtime and simulation on different levels, so
@@ -93,6 +96,11 @@ class TensorDiff:
         """
         off = self.max_abs_diff if self.unexplained is None else self.unexplained
         return self.max_lsb_diff is None and off > FLOAT_RTOL * max(self.magnitude, FLOAT_ATOL)
+
+    def beyond(self, tolerance: float) -> bool:
+        """A quantized tensor off by more than ``tolerance`` LSBs, past what near ties explain where measured."""
+        off = self.max_lsb_diff if self.unexplained_lsb is None else self.unexplained_lsb
+        return off is not None and off > tolerance
 
     def row(self) -> str:
         lsb = "-" if self.max_lsb_diff is None else f"{self.max_lsb_diff:.3g}"
@@ -158,7 +166,7 @@ class ArtifactReport:
         tensors = [
             name
             for name, d in self.per_tensor.items()
-            if d.max_lsb_diff is not None and (d.max_lsb_diff >= 0.5 if d.constant else d.max_lsb_diff > tolerance)
+            if d.max_lsb_diff is not None and (d.max_lsb_diff >= 0.5 if d.constant else d.beyond(tolerance))
         ]
         outputs = [
             f"output {name!r} (off by {d.max_abs_diff:.3g} on values up to {d.magnitude:.3g})"
@@ -466,48 +474,111 @@ def explain_ties(
     run: VerifyRun,
     output_names: Sequence[str],
 ) -> _Report:
-    """Measure, for each float output of ``report.local_outputs``, the difference that near-tie roundings of the
-    quantized tensors it is computed from cannot explain (``TensorDiff.unexplained``).
+    """Measure, for each float output of ``report.local_outputs`` and each quantized tensor that differs by more
+    than ``run.tolerance`` LSBs, the difference that near-tie roundings of the quantized tensors it is computed from
+    cannot explain (``TensorDiff.unexplained``, in the output's units; ``TensorDiff.unexplained_lsb``).
 
     Where a runtime computes a file whose intermediate tensors it does not show (exposing one changes what it
     fuses), the outputs are compared with the simulation fed the quantized tensors of a copy that shows them. A
     value within ``TIE_STEPS`` of a rounding tie may round the other way in the file itself (in a shown tensor, or
     in an activation no copy shows, which the simulation computes); each such element, the ``MAX_TIE_FLIPS``
-    closest to their ties where there are more, is flipped in one more simulation, and an output may differ by the
-    sum of the flips that move it up, or of those that move it down, beyond float32 rounding.
+    closest to their ties where there are more, is flipped in one more simulation, and a tensor may differ by the
+    sum of the flips that move it up, or of those that move it down, beyond float32 rounding. Or, by one more
+    simulation that flips every near tie of the activations no copy shows at once, a tensor computed element by
+    element from one of them (an Add of a fused layer's output, which onnxruntime serves as one kernel) may take
+    that value instead, each element the closer of the two; a quantized tensor's own rounding may add
+    ``run.tolerance`` LSBs (an input's step carried through is more than one of the output's where the output's
+    grid is the finer).
     """
     keys, forced = _runtime_values(values, table, exposed)
     activations = {tensor: key for tensor, key in keys.items() if key in forced or table[tensor].kind != "weight"}
     base = simulate(run.model, run.inputs, forced, receive=set(activations.values()))
-    flips = []
+    flips, unshown = [], dict(forced)
     for tensor, key in activations.items():
         # a tensor the runtime does not show is the simulation's own, and may round either way in the file
         held = forced[key] if key in forced else base.quantized.get(key)
-        if held is not None and key in base.received:
-            found = _flips(table[tensor], base.received[key], held)
-            flips += [(distance, key, index, value, held) for distance, index, value in found]
-    if not flips:
+        if held is None or key not in base.received:
+            continue
+        found = _flips(table[tensor], base.received[key], held)
+        flips += [(distance, key, index, value, held) for distance, index, value in found]
+        if found and key not in forced:
+            unshown[key] = np.array(held, copy=True)
+            unshown[key].reshape(-1)[[index for _, index, _ in found]] = [value for _, _, value in found]
+    targets = _tie_targets(report, values, table, exposed, keys, base, output_names, run.tolerance)
+    if not targets or (not flips and len(unshown) == len(forced)):
         return report
     flips = sorted(flips, key=lambda flip: flip[0])[:MAX_TIE_FLIPS]  # the closest ties: the likeliest to part
-    up = [np.zeros_like(out, dtype=np.float64) for out in base.outputs]
-    down = [np.zeros_like(out, dtype=np.float64) for out in base.outputs]
+    up = {target: np.zeros_like(measured[0]) for target, measured in targets.items()}
+    down = {target: np.zeros_like(measured[0]) for target, measured in targets.items()}
     for _, key, index, value, held in flips:
         changed = dict(forced)
         changed[key] = np.array(held, copy=True)
         changed[key].reshape(-1)[index] = value
-        for k, out in enumerate(simulate(run.model, run.inputs, changed).outputs):
-            delta = out.astype(np.float64) - base.outputs[k]
-            up[k] += np.maximum(delta, 0.0)
-            down[k] += np.maximum(-delta, 0.0)
+        for target, moved in _tie_values(simulate(run.model, run.inputs, changed), targets).items():
+            delta = moved - targets[target][0]
+            up[target] += np.maximum(delta, 0.0)
+            down[target] += np.maximum(-delta, 0.0)
+    together = _tie_values(simulate(run.model, run.inputs, unshown), targets) if len(unshown) > len(forced) else {}
+    for target, (held, got, entry, _) in targets.items():
+        # either some of the closest flips, or every hidden tensor's near ties at once: the closer, element by element
+        one = np.maximum(got - held - up[target], 0.0) + np.maximum(held - got - down[target], 0.0)
+        other = together.get(target, held)
+        every = np.maximum(got - np.maximum(held, other), 0.0) + np.maximum(np.minimum(held, other) - got, 0.0)
+        beyond = float(np.minimum(one, every).max(initial=0.0))
+        name = target[1]
+        if entry is None:
+            report.local_outputs[name] = replace(report.local_outputs[name], unexplained=beyond)
+        else:
+            lsb = round(beyond / float(np.asarray(entry.scale).reshape(-1)[0]), 2)
+            report.per_tensor[name] = replace(report.per_tensor[name], unexplained_lsb=lsb)
+    return report
+
+
+_Target = tuple[str, str]  # ("output", its name) or ("tensor", a quantized tensor)
+# (the simulation's value, the runtime's, the quantizer (None: a float output), where a simulation holds it)
+_Measured = tuple[np.ndarray, np.ndarray, "TensorQParams | None", "int | tuple[str, int]"]
+
+
+def _tie_targets(
+    report: _Report,
+    values: Mapping[str, np.ndarray],
+    table: QParamTable,
+    exposed: Mapping[str, str],
+    keys: Mapping[str, tuple[str, int]],
+    base: Simulation,
+    output_names: Sequence[str],
+    tolerance: float,
+) -> dict[_Target, _Measured]:
+    """What :func:`explain_ties` measures: each float output, and each quantized activation on one linear grid
+    that differs by more than ``tolerance`` LSBs."""
+    targets: dict[_Target, _Measured] = {}
     for index, name in enumerate(output_names):
         diff = report.local_outputs.get(name)
         if diff is None or diff.max_lsb_diff is not None or index >= len(base.outputs) or name not in values:
             continue
-        got = np.asarray(values[name], np.float64).reshape(base.outputs[index].shape)
-        off = got - base.outputs[index]
-        beyond = np.maximum(off - up[index], 0.0) + np.maximum(-off - down[index], 0.0)
-        report.local_outputs[name] = replace(diff, unexplained=float(beyond.max(initial=0.0)))
-    return report
+        held = base.outputs[index].astype(np.float64)
+        targets["output", name] = (held, np.asarray(values[name], np.float64).reshape(held.shape), None, index)
+    for tensor, diff in report.per_tensor.items():
+        entry = table[tensor]
+        if diff.constant or diff.max_lsb_diff is None or diff.max_lsb_diff <= tolerance:
+            continue
+        own = base.quantized.get(keys[tensor])
+        if own is None or entry.axis is not None or entry.grid != "linear" or exposed.get(tensor) not in values:
+            continue
+        got = np.asarray(values[exposed[tensor]], np.float64).reshape(own.shape)
+        targets["tensor", tensor] = (own.astype(np.float64), got, entry, keys[tensor])
+    return targets
+
+
+def _tie_values(sim: Simulation, targets: Mapping[_Target, _Measured]) -> dict[_Target, np.ndarray]:
+    """Each target's value in ``sim``: an output, or a quantized tensor as its quantizer computed it (before the
+    runtime's value replaced it)."""
+    found = {}
+    for target, (held, _, _, where) in targets.items():
+        value = sim.outputs[where] if isinstance(where, int) else sim.quantized.get(where)
+        if value is not None:
+            found[target] = value.astype(np.float64).reshape(held.shape)
+    return found
 
 
 # -- the host verdict ------------------------------------------------------------------------------
