@@ -94,20 +94,67 @@ def test_a_decoder_is_cut_into_its_blocks_with_the_head_in_the_last() -> None:
 
 
 @pytest.mark.parametrize("blocks", [2, 3])
-def test_gptq_runs_each_block_about_twice_whatever_the_depth(blocks: int) -> None:
-    """Each site's inputs come from the state kept just before the site before it (that one now rounded), so a
-    block's first norm runs once per batch and its last layer twice (for its own site, then to hand the block's
-    output on; the last block's once), at any depth, block by block or with the whole model as one segment."""
+def test_gptq_runs_each_layer_once_a_batch_whatever_the_depth(blocks: int) -> None:
+    """Each site's inputs are its source value, computed from the state kept just after the source of the site
+    before it (that site now rounded): a layer runs only once it is rounded, once per batch, for the sites after
+    it or to hand the block's output on, and the last block's last layer, which nothing after it reads, not at
+    all; at any depth, block by block or with the whole model as one segment."""
     for by_block in (True, False):
         qmodel = _prepared(blocks)
-        seen = {(k, part): 0 for k in range(blocks) for part in ("input_layernorm", "mlp.down_proj")}
+        parts = ("input_layernorm", "self_attn.q_proj", "self_attn.o_proj", "mlp.up_proj", "mlp.down_proj")
+        seen = {(k, part): 0 for k in range(blocks) for part in parts}
         for k, part in seen:
             module = qmodel.get_submodule(f"model.layers.{k}.{part}")
             module.register_forward_hook(lambda *args, key=(k, part), seen=seen: seen.__setitem__(key, seen[key] + 1))
         gptq(qmodel, [_padded(1), _padded(2)], {"by_block": by_block})
-        assert seen == {(k, part): 2 * (2 if part == "mlp.down_proj" and k < blocks - 1 else 1) for k, part in seen}, (
-            by_block
-        )
+        last = (blocks - 1, "mlp.down_proj")
+        assert seen == {key: 0 if key == last else 2 for key in seen}, by_block
+
+
+class _LaterSourceFirst(nn.Module):
+    """The layer met first reads a value computed after the value the layer met second reads: the second site's
+    source lies before the state kept after the first's, so its inputs are gathered with hooks on its layer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first, self.second = nn.Linear(16, 8), nn.Linear(16, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        scaled = x * 2.0
+        return self.first(torch.relu(scaled)) + self.second(scaled)
+
+
+@pytest.mark.parametrize("model", ["llama", "later_source_first"])
+def test_gptq_from_the_source_value_equals_gptq_from_hooks_on_the_layers(model: str, monkeypatch) -> None:
+    """Bit for bit: reading each site's source value gives every layer the inputs that hooks on the layers give."""
+    if model == "llama":
+        base, batches = _prepared(2), [_padded(1), _padded(2)]
+    else:
+        torch.manual_seed(0)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            base = prepare_by_platform(
+                _LaterSourceFirst().eval(), "llm_w4a16", {"extra_qconfig_dict": {"w_qscheme": {"group_size": 8}}}
+            )
+        batches = [torch.randn(5, 16) for _ in range(3)]
+    read = gptq(copy.deepcopy(base), batches)
+    used = []
+    original = Pipeline.gather_value
+
+    def counted(*args, **kwargs):
+        used.append(original(*args, **kwargs))
+        return used[-1]
+
+    monkeypatch.setattr(Pipeline, "gather_value", counted)
+    gptq(copy.deepcopy(base), batches)
+    assert any(used) and (all(used) if model == "llama" else not all(used)), used
+    monkeypatch.setattr(Pipeline, "gather_value", lambda *args, **kwargs: False)
+    hooked = gptq(copy.deepcopy(base), batches)
+    for key, tensor in _weights(hooked).items():
+        assert torch.equal(tensor, _weights(read)[key]), key
+    assert read.meta["gptq"] == {
+        k: {**r, "seconds": read.meta["gptq"][k]["seconds"]} for k, r in hooked.meta["gptq"].items()
+    }
 
 
 @pytest.mark.parametrize("algorithm", ["gptq", "awq"])

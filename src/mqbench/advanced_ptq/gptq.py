@@ -16,8 +16,9 @@ one value) at a time in graph order, each site's inputs computed with the layers
 stack of blocks (a transformer) the calibration data runs block by block (:class:`~mqbench.advanced_ptq.pipeline.
 Pipeline`): a block's sites are gathered by rerunning that block alone from its cached inputs, and the block's
 quantized outputs become the next block's inputs, so the cost grows linearly with depth (``by_block: False``: the
-whole model as one segment, the same results). Within a segment each site's gathering starts from the state kept
-just before the site before it.
+whole model as one segment, the same results). Within a segment each site's gathering runs from the state kept
+just after the value the site before it reads, up to the value this site reads (its layers do not run; one Hessian
+serves them all): each layer runs once per batch, after it is rounded.
 Each layer's weight is replaced by its rounded values and its weight quantizer keeps the scales GPTQ used (its
 observer stopped). ``model.meta["gptq"]`` holds per layer the output error of rounding to nearest and of GPTQ;
 ``model.meta["rounded_weights"]`` names the layers whose float weights are now the rounded ones.
@@ -150,6 +151,7 @@ def gptq_quantize(
     Wt = W.t().contiguous()  # [in, out]: column i of W is row i here
     del W
     Qt = torch.empty_like(Wt)
+    fast = dtype == torch.float32
     for i1 in range(0, columns, block_size):
         i2 = min(i1 + block_size, columns)
         W1, U1 = Wt[i1:i2], U[i1:i2, i1:i2]  # W1: a view, updated in place
@@ -166,7 +168,10 @@ def gptq_quantize(
                 known(g, *qparams(current.t().contiguous()))
             s, z = grid[g]
             w = W1[i]
-            q = round_to_grid(w, s, z, quant_min, quant_max)
+            if fast:  # round_to_grid's arithmetic without its conversions (a column is rounded 10^4 times a block)
+                q = torch.clamp(torch.round(w / s).add_(z), quant_min, quant_max).sub_(z).mul_(s)
+            else:
+                q = round_to_grid(w, s, z, quant_min, quant_max)
             Qt[i1 + i] = q
             err = (w - q).div_(pivots[i1 + i])
             W1[i + 1 :].addmm_(U1[i, i + 1 :, None], err[None], alpha=-1.0)  # rank one (faster than addr_)
@@ -177,9 +182,10 @@ def gptq_quantize(
 
 
 def _output_error(weight: Tensor, rounded: Tensor, hessian: Tensor) -> float:
-    """``tr((W - Q) H (W - Q)^T)``: the output error the Hessian measures (mean over calibration tokens, x2)."""
-    delta = (weight.double() - rounded.double()).detach()
-    return float(((delta @ hessian) * delta).sum())
+    """``tr((W - Q) H (W - Q)^T)``: the output error the Hessian measures (mean over calibration tokens, x2), in
+    ``hessian``'s precision (a report: float32 halves the cost of a product as large as GPTQ's Hessian)."""
+    delta = (weight.to(hessian.dtype) - rounded.to(hessian.dtype)).detach()
+    return float(((delta @ hessian) * delta).sum(dtype=torch.float64))
 
 
 def gptq(model: fx.GraphModule, cali_data: Any, config: Mapping[str, Any] | None = None) -> fx.GraphModule:
@@ -213,26 +219,32 @@ def gptq(model: fx.GraphModule, cali_data: Any, config: Mapping[str, Any] | None
 def _gptq_site(
     pipeline: Pipeline, segment: Segment, site: Site, cfg: Mapping[str, Any], report: dict[str, dict[str, float]]
 ) -> None:
-    """GPTQ of the layers of ``site`` on their inputs, gathered by running ``segment`` up to the last of them."""
-    hessians: dict[str, Tensor] = {}
-    tokens = {layer.name: 0 for layer in site.layers}
+    """GPTQ of the layers of ``site`` on their inputs, gathered by running ``segment`` up to the last of them.
 
-    def reduce(layer: Layer, rows: Tensor) -> None:  # each layer's sum of x^T x (float64: any batching, one sum)
-        if layer.name in hessians:
-            hessians[layer.name].addmm_(rows.T, rows)  # in place: one Hessian held, not two
+    The layers of a site read one value, so they share one Hessian: it is summed once (for a transformer's query,
+    key and value projections, a third of the work and of the memory of one per layer)."""
+    summed: list[Tensor] = []  # the site's sum of x^T x (float64: any batching, one sum)
+    tokens = [0]
+
+    def reduce(_: Layer, rows: Tensor) -> None:
+        if summed:
+            summed[0].addmm_(rows.T, rows)  # in place: one Hessian held, not two
         else:
-            hessians[layer.name] = rows.T @ rows
-        tokens[layer.name] += rows.shape[0]
+            summed.append(rows.T @ rows)
+        tokens[0] += rows.shape[0]
 
-    # the block runs from the state before this site (the sites before it are rounded already) up to its last layer
-    first, last = site.layers[0].node, site.layers[-1].node
-    pipeline.gather(segment, site.layers, reduce, until=last, checkpoint=first)
+    # the block runs from the state kept after the site before it (rounded already) up to the value the layers
+    # read; where that value cannot be reached from there, with hooks on the layers from the state before them
+    if not pipeline.gather_value(segment, site.source, lambda rows: reduce(site.layers[0], rows)):
+        first, last = site.layers[0].node, site.layers[-1].node
+        pipeline.gather(segment, site.layers[:1], reduce, until=last, checkpoint=first)
+    if not tokens[0]:
+        logger.info("gptq: %s saw no input; left as it was", ", ".join(layer.name for layer in site.layers))
+        return
+    H = summed.pop().mul_(2.0).div_(tokens[0])  # 2 H / n, in place; gptq_quantize leaves it as it is
+    measure = H.float()  # for the report of each layer's output error
     for layer in site.layers:
-        if not tokens[layer.name]:
-            logger.info("gptq: %s saw no input; left as it was", layer.name)
-            continue
         started = time.perf_counter()
-        H = hessians.pop(layer.name).mul_(2.0).div_(tokens[layer.name])  # 2 H / n, in place
         quantizer = layer.quantizer
         weight = quantizer.deploy_weight(layer.module.weight.detach()).clone()
         rounded, scales, zeros = gptq_quantize(
@@ -251,8 +263,8 @@ def _gptq_site(
             layer.module.weight.copy_(rounded.to(layer.module.weight.dtype))
         fix_qparams(quantizer, scales.reshape(-1).float(), zeros.reshape(-1))
         report[layer.name] = {
-            "rtn": _output_error(weight, nearest, H),
-            "gptq": _output_error(weight, rounded, H),
+            "rtn": _output_error(weight, nearest, measure),
+            "gptq": _output_error(weight, rounded, measure),
             "seconds": time.perf_counter() - started,
         }
 

@@ -209,6 +209,14 @@ class _Boundary:
         return dict(torch.load(self.file, mmap=True, weights_only=True))
 
 
+def _rows(x: Tensor, mask: Tensor | None) -> Tensor:
+    """``x`` ``[..., features]`` as rows; with a batch's token mask ``[N, L]``, an ``[N, L, features]`` (or ``[N * L,
+    features]``) value keeps only the rows of its tokens, not of its padding."""
+    if mask is not None and tuple(x.shape[:-1]) in (tuple(mask.shape), (mask.numel(),)):
+        return x.reshape(-1, x.shape[-1])[mask.reshape(-1)]
+    return x.reshape(-1, x.shape[-1])
+
+
 def _nbytes(value: Any) -> int:
     if isinstance(value, Tensor):
         return value.numel() * value.element_size()
@@ -337,11 +345,22 @@ class Pipeline:
         if len(self.model.graph.nodes) != self._graph_size:
             raise RuntimeError(f"{self.what}: the graph changed while the calibration pipeline ran over it")
 
+    def _start(self, segment: Segment, batch: int) -> int:
+        """Where the next run of ``segment`` on batch ``batch`` starts: the index of the node kept at, or 0."""
+        kept = self._checkpoints.get(batch)
+        return kept[1] if kept is not None and kept[0] == segment.index else 0
+
     def _run(
-        self, segment: Segment, batch: int, stop: fx.Node | None, checkpoint: fx.Node | None = None
+        self,
+        segment: Segment,
+        batch: int,
+        stop: fx.Node | None,
+        checkpoint: fx.Node | None = None,
+        keep_after_stop: bool = False,
     ) -> dict[str, Any]:
         """Segment ``segment`` on batch ``batch`` from its boundary (or from the state kept at its checkpoint), up to
-        ``stop`` (included) or its end; the env. ``checkpoint``: keep the state met just before that node runs."""
+        ``stop`` (included) or its end; the env. ``checkpoint``: keep the state met just before that node runs;
+        ``keep_after_stop``: keep the state just after ``stop`` has run instead."""
         kept = self._checkpoints.get(batch)
         if kept is not None and kept[0] == segment.index:
             start, values = kept[1], dict(kept[2])
@@ -362,6 +381,8 @@ class Pipeline:
                 if self._last_use.get(arg, -1) <= self._position[node] and arg is not stop:
                     values.pop(arg, None)
             if node is stop:
+                if keep_after_stop:
+                    self._checkpoints[batch] = (segment.index, index + 1, dict(values))
                 break
         self._interpreter.env = {}
         return {node.name: value for node, value in values.items()}
@@ -422,19 +443,44 @@ class Pipeline:
         """
         tokens: list[Tensor | None] = [None]
 
-        def rows_of(x: Tensor) -> Tensor:
-            mask = tokens[0]
-            if mask is not None and tuple(x.shape[:-1]) in (tuple(mask.shape), (mask.numel(),)):
-                return x.reshape(-1, x.shape[-1])[mask.reshape(-1)]
-            return x.reshape(-1, x.shape[-1])
-
         def hook_of(layer: Any) -> Callable[[nn.Module, tuple[Any, ...]], None]:
-            return lambda module, args: reduce(layer, rows_of(args[0].detach()).to(dtype))
+            return lambda module, args: reduce(layer, _rows(args[0].detach(), tokens[0]).to(dtype))
 
         hooks = {layer.module: hook_of(layer) for layer in layers}
         switches = weights_quantized_only(self.model, weights)
         tokens_of = lambda batch: tokens.__setitem__(0, token_mask(batch))  # noqa: E731
         self.run(segment, hooks, switches, until, advance, tokens_of, checkpoint)
+
+    @torch.no_grad()
+    def gather_value(
+        self,
+        segment: Segment,
+        node: fx.Node,
+        reduce: Callable[[Tensor], None],
+        weights: bool = True,
+        dtype: torch.dtype = torch.float64,
+    ) -> bool:
+        """Run ``segment`` on every batch up to ``node`` (weights quantized or float, as for :meth:`gather`) and
+        call ``reduce(rows)`` with its value as rows ``[tokens, features]`` (of ``dtype``; a batch's padding
+        left out as for :meth:`gather`); keep each batch's state just after ``node``, where the next run starts
+        (the caller changes nothing that ``node`` and the nodes before it compute).
+
+        The layers reading ``node`` do not run: what :meth:`gather` with hooks on them computes, for less. False
+        (nothing run) where the runs cannot reach ``node``: not a node this segment runs, or before the state kept.
+        """
+        if node not in segment or node.op == "placeholder" or segment.index != self._reached:
+            return False
+        where = segment.nodes.index(node)
+        if any(self._start(segment, batch) > where for batch in range(len(self.batches))):
+            return False
+        self._check_graph()
+        with ExitStack() as stack:
+            stack.enter_context(self.on_device(segment))
+            stack.enter_context(weights_quantized_only(self.model, weights))
+            for i, batch in enumerate(self.batches):
+                env = self._run(segment, i, node, keep_after_stop=True)
+                reduce(_rows(env[node.name].detach(), token_mask(batch)).to(dtype))
+        return True
 
     @torch.no_grad()
     def run_all(
