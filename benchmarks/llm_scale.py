@@ -15,6 +15,11 @@ threshold that grows with the blocks freed (up to 32 MiB), so a process freeing 
 no longer uses; each row records ``MALLOC_MMAP_THRESHOLD_`` (run with ``MALLOC_MMAP_THRESHOLD_=1048576`` to return
 every freed block of 1 MiB or more at once).
 
+``--lazy``: the model's weights are written to a safetensors folder by another process first; the measured process
+builds the model without its weights (``accelerate.init_empty_weights``), prepares it and attaches the folder
+(``attach_weights``): the pipeline loads one block's weights at a time and writes each back, memory-mapped, when
+done (``weights`` in each row says which).
+
 ``--device cuda``: GPTQ and AWQ run each block on that device (their ``device`` key; the model stays on the host),
 and each row also gives the device's peak allocated memory. SmoothQuant's calibration has no such key and runs on
 the host.
@@ -31,7 +36,7 @@ the peer's rows are left out, saying so.
 
 Prints the tables and writes benchmarks/results/<output>.json (``--merge`` keeps the parts not run).
 Run: .venv/bin/python benchmarks/llm_scale.py [--parts scaling,smollm2,tinyllama] [--blocks 4,8,16,32]
-[--awq-blocks 4,8,16] [--whole 4,8] [--width 256] [--merge]
+[--awq-blocks 4,8,16] [--whole 4,8] [--width 256] [--lazy] [--merge]
 """
 
 from __future__ import annotations
@@ -65,12 +70,17 @@ ALGORITHMS = ("gptq", "awq", "smoothquant")
 
 
 def _decoder(
-    blocks: int, width: int, mlp: int, heads: int = 4, kv_heads: int = 2, vocab: int = 1024
+    blocks: int, width: int, mlp: int, heads: int = 4, kv_heads: int = 2, vocab: int = 1024, empty: bool = False
 ) -> torch.nn.Module:
+    """The random-weight decoder (seed 0); ``empty``: its parameters on ``meta`` (no weights, the shapes)."""
+    import contextlib
+
     import transformers
 
     torch.manual_seed(0)
-    with warnings.catch_warnings():
+    if empty:
+        from accelerate import init_empty_weights
+    with warnings.catch_warnings(), init_empty_weights() if empty else contextlib.nullcontext():
         warnings.simplefilter("ignore")
         config = transformers.LlamaConfig(
             vocab_size=vocab,
@@ -98,7 +108,7 @@ def run_one(algorithm: str, blocks: int, by_block: bool, args: argparse.Namespac
     from mqbench.prepare_by_platform import prepare_by_platform
 
     torch.set_num_threads(args.threads)
-    model = _decoder(blocks, args.width, args.mlp, args.heads, args.kv_heads, args.vocab)
+    model = _decoder(blocks, args.width, args.mlp, args.heads, args.kv_heads, args.vocab, bool(args.checkpoint))
     ids = torch.randint(0, args.vocab, (args.windows, args.length), generator=torch.Generator().manual_seed(0))
     batches = [{"input_ids": chunk} for chunk in ids.split(4)]
     backend = "tensorrt_nlp" if algorithm == "smoothquant" else "llm_w4a16"
@@ -108,6 +118,10 @@ def run_one(algorithm: str, blocks: int, by_block: bool, args: argparse.Namespac
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         qmodel = prepare_by_platform(model, backend, config)
+    if args.checkpoint:  # the weights stay in the checkpoint; the pipeline loads one block at a time
+        from mqbench.advanced_ptq import attach_weights
+
+        attach_weights(qmodel, args.checkpoint, folder=Path(args.checkpoint) / "offload")
     before = _rss_mib()
     keys: dict[str, Any] = {"by_block": by_block, "device": args.device}
     if args.device and args.device.startswith("cuda"):
@@ -135,8 +149,15 @@ def run_one(algorithm: str, blocks: int, by_block: bool, args: argparse.Namespac
         # glibc keeps freed blocks below its (growing) mmap threshold; this environment variable fixes it
         "malloc_mmap_threshold": os.environ.get("MALLOC_MMAP_THRESHOLD_"),
         "peak_device_mib": cuda,
-        "parameters": sum(p.numel() for p in model.parameters()),
+        "parameters": sum(p.numel() for p in qmodel.parameters()),
+        "weights": "on disk, one block loaded at a time" if args.checkpoint else "in memory",
     }
+
+
+def write_checkpoint(folder: str, args: argparse.Namespace) -> None:
+    """The random-weight decoder's weights as a safetensors folder (in a process of its own)."""
+    model = _decoder(args.blocks_one, args.width, args.mlp, args.heads, args.kv_heads, args.vocab)
+    model.save_pretrained(folder, safe_serialization=True)
 
 
 def _measure(algorithm: str, blocks: int, by_block: bool, args: argparse.Namespace) -> dict[str, Any]:
@@ -145,13 +166,18 @@ def _measure(algorithm: str, blocks: int, by_block: bool, args: argparse.Namespa
     command += ["--length", str(args.length), "--threads", str(args.threads), "--heads", str(args.heads)]
     command += ["--kv-heads", str(args.kv_heads), "--vocab", str(args.vocab), "--group-size", str(args.group_size)]
     command += ["--device", args.device] if args.device else []
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    with tempfile.TemporaryDirectory(prefix="llm-scale-") as folder:
+        if args.lazy:  # the weights written first, by another process: the measured one never holds them all
+            write = [sys.executable, __file__, "--write-checkpoint", folder, "--blocks-one", str(blocks)]
+            subprocess.run(write + command[4:], check=True, capture_output=True)
+            command += ["--checkpoint", folder]
+        done = subprocess.run(command, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"{algorithm} at {blocks} blocks failed:\n{done.stderr[-3000:]}")
     row = json.loads(done.stdout.strip().splitlines()[-1])
     print(
         f"  {algorithm} {blocks} blocks {'by block' if by_block else 'whole model'}: {row['seconds']:.1f} s, "
-        f"peak RSS {row['peak_rss_mib']:.0f} MiB"
+        f"peak RSS {row['peak_rss_mib']:.0f} MiB ({row['weights']})"
         + (f", peak {row['device']} memory {row['peak_device_mib']:.0f} MiB" if row.get("peak_device_mib") else ""),
         flush=True,
     )
@@ -254,8 +280,17 @@ def main() -> None:
     parser.add_argument("--smollm2-methods", default=",".join(SMOLLM2_METHODS), help="mqbench's rows of SmolLM2")
     parser.add_argument("--output", default="llm_scale")
     parser.add_argument("--merge", action="store_true", help="keep the other parts of an earlier results file")
+    parser.add_argument(
+        "--lazy", action="store_true", help="weights on disk (attach_weights), one block loaded at a time"
+    )
     parser.add_argument("--one", help=argparse.SUPPRESS)
+    parser.add_argument("--checkpoint", help=argparse.SUPPRESS)
+    parser.add_argument("--write-checkpoint", help=argparse.SUPPRESS)
+    parser.add_argument("--blocks-one", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.write_checkpoint:
+        write_checkpoint(args.write_checkpoint, args)
+        return
     if args.one:
         algorithm, blocks, by_block = args.one.split(",")
         print(json.dumps(run_one(algorithm, int(blocks), bool(int(by_block)), args)))

@@ -65,6 +65,7 @@ from mqbench.prepare_by_platform import BACKEND_ATTRIBUTE
 from mqbench.qparams import QParamTable
 from mqbench.utils.export_capture import DYNAMIC_AXES
 from mqbench.utils.host import host_facts
+from mqbench.utils.lazy_weights import require_weights
 from mqbench.utils.state import integer_quantizers
 
 __all__ = [
@@ -341,6 +342,7 @@ def convert_deploy(
     prepared for another backend (its ``mqbench_backend`` attribute, set by
     ``prepare_by_platform``) unless ``allow_backend_mismatch=True``.
     """
+    require_weights(model, "convert_deploy (it writes every weight)")
     if qlinear_weight_type not in (None, "int8", "uint8"):
         raise ValueError(f"qlinear_weight_type must be 'int8', 'uint8' or None, got {qlinear_weight_type!r}")
     spec = _backend_of(model, backend_type)

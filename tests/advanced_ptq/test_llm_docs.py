@@ -1,11 +1,13 @@
-"""docs/llm_quantization.md runs as written: GPTQ at W4A16 and its deployment verify, and the FP8 / W8A8 /
-W3A16 part; GPTQ's perplexity is below rounding to nearest's on the same decoder."""
+"""docs/llm_quantization.md runs as written: GPTQ at W4A16 and its deployment verify, GPTQ on weights kept on disk
+(the same model), and the FP8 / W8A8 / W3A16 part; GPTQ's perplexity is below rounding to nearest's on the same
+decoder."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
 
+import torch
 import yaml
 
 from mqbench.advanced_ptq.weight_only import calibrate_weights
@@ -20,12 +22,16 @@ DOC = Path(__file__).resolve().parents[2] / "docs" / "llm_quantization.md"
 def test_the_guide_runs_deploys_and_verifies(capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # the decoder is cached where the suite's other decoders are (its command-line runs')
     blocks = re.findall(r"```python\n(.*?)```", DOC.read_text(), flags=re.S)
-    assert len(blocks) == 3
+    assert len(blocks) == 4
     namespace: dict = {"__name__": "llm_guide"}
     for block in blocks:
         exec(compile(block, str(DOC), "exec"), namespace)
     out = capsys.readouterr().out
     assert "W4A16 GPTQ" in out and "FP8 E4M3: perplexity" in out and "W4A16 rotation + GPTQ: perplexity" in out
+    assert "weights on disk: 0 left to load" in out
+    # GPTQ with the weights on disk gives the model GPTQ gave in memory
+    lazy, qmodel = namespace["lazy"].state_dict(), namespace["qmodel"].state_dict()
+    assert lazy.keys() == qmodel.keys() and all(torch.equal(lazy[name], qmodel[name]) for name in qmodel)
     assert "['deploy_onnx', 'matmulnbits_onnx', 'onnx']" in out
     nearest = prepare_by_platform(namespace["model"], "llm_w4a16")
     calibrate_weights(nearest)

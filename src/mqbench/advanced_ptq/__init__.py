@@ -42,6 +42,7 @@ from mqbench.advanced_ptq.reconstruction import (
 from mqbench.advanced_ptq.rotation import ROTATION_DEFAULTS, hadamard_rotation
 from mqbench.advanced_ptq.smoothing import ALPHAS, ChannelScale, restore_smoothing, smooth_quant
 from mqbench.advanced_ptq.units import Unit, cut_points, find_units
+from mqbench.utils.lazy_weights import attach_weights, materialize, offloaded_weights
 
 __all__ = [
     "ALPHAS",
@@ -57,6 +58,7 @@ __all__ = [
     "LossFunction",
     "ReconstructionConfig",
     "Unit",
+    "attach_weights",
     "awq",
     "bias_correction",
     "calibrate",
@@ -75,7 +77,9 @@ __all__ = [
     "insert_fake_modules",
     "layer_has_weights",
     "lp_loss",
+    "materialize",
     "node2modules",
+    "offloaded_weights",
     "prepare_fp_and_quant_model_for_ptq",
     "ptq_reconstruction",
     "qnode2fpnode",

@@ -51,6 +51,7 @@ from mqbench.advanced_ptq.reconstruction import calibration_batches, call_with
 from mqbench.custom_quantizer.ops import node_kind
 from mqbench.fake_quantize.quantize_base import QuantizeBase
 from mqbench.nn.intrinsic.qat.modules.bn_folding import BnFoldingModule
+from mqbench.utils.lazy_weights import require_weights
 from mqbench.utils.logger import logger
 from mqbench.utils.registry import weight_equalization_function
 from mqbench.utils.tied import shared_weights
@@ -173,6 +174,7 @@ def equalize_pair(first: nn.Module, second: nn.Module) -> Tensor:
 @torch.no_grad()
 def cross_layer_equalization(model: fx.GraphModule, iterations: int = 1) -> list[tuple[str, str]]:
     """Equalize the weight ranges of every eligible pair of layers (see the module docstring); returns the pairs."""
+    require_weights(model, "cross_layer_equalization (it rescales pairs of layers by their weights)")
     pairs = equalization_pairs(model)
     modules = dict(model.named_modules())
     nodes = {node.name: node for node in model.graph.nodes}

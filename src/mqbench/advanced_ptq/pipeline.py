@@ -20,6 +20,11 @@ A model kept on the host thus runs block by block on a GPU holding one block and
 moved in place (``param.data``), so tied weights stay one tensor; constants the capture wrote into the graph
 (``torch.arange(..., device="cpu")`` in the mask code) are created on the segment's device.
 
+A model whose weights are on disk (:func:`~mqbench.advanced_ptq.attach_weights`) has each segment's weights
+loaded when the segment is entered (onto ``device`` if set; :meth:`Pipeline.with_sites` calibrates their weight
+quantizers there) and, once the segment is left, written to the offload folder and memory-mapped from it (and the
+heap's freed pages given back to the system): one block's weights are in memory at a time.
+
 The segments are found from the modules' names: the container path followed by an index that most modules share
 (``model.layers``, ``encoder.layer``, ``transformer.h``), the blocks in the graph's order one after another. Layers
 that must be gathered together (the layers of one site) never straddle a cut: the segments they span are merged.
@@ -57,9 +62,13 @@ from typing import Any
 import torch
 from torch import Tensor, fx, nn
 
+from mqbench.advanced_ptq.boundary import Boundary
 from mqbench.advanced_ptq.reconstruction import calibration_batches, call_with
 from mqbench.fake_quantize.quantize_base import QuantizeBase
+from mqbench.utils.lazy_weights import store_of
 from mqbench.utils.logger import logger
+from mqbench.utils.memory import release_freed_memory
+from mqbench.utils.state import calibrate_weights
 
 __all__ = [
     "PIPELINE_DEFAULTS",
@@ -182,47 +191,12 @@ def token_mask(batch: Any) -> Tensor | None:
 Reduce = Callable[[Any, Tensor], None]
 
 
-class _Boundary:
-    """One batch's values live at a segment boundary (node name -> value), in memory or in a memory-mapped file."""
-
-    def __init__(self, values: dict[str, Any]) -> None:
-        self.values: dict[str, Any] | None = values
-        self.file: Path | None = None
-
-    def nbytes(self) -> int:
-        return sum(_nbytes(v) for v in (self.values or {}).values())
-
-    def spill(self, folder: Path, key: str) -> None:
-        self.file = folder / f"{key}.pt"
-        torch.save(self.values, self.file)
-        self.values = None
-
-    def drop(self) -> None:
-        if self.file is not None:
-            self.file.unlink(missing_ok=True)
-        self.values, self.file = None, None
-
-    def load(self) -> dict[str, Any]:
-        if self.values is not None:
-            return dict(self.values)
-        assert self.file is not None
-        return dict(torch.load(self.file, mmap=True, weights_only=True))
-
-
 def _rows(x: Tensor, mask: Tensor | None) -> Tensor:
     """``x`` ``[..., features]`` as rows; with a batch's token mask ``[N, L]``, an ``[N, L, features]`` (or ``[N * L,
     features]``) value keeps only the rows of its tokens, not of its padding."""
     if mask is not None and tuple(x.shape[:-1]) in (tuple(mask.shape), (mask.numel(),)):
         return x.reshape(-1, x.shape[-1])[mask.reshape(-1)]
     return x.reshape(-1, x.shape[-1])
-
-
-def _nbytes(value: Any) -> int:
-    if isinstance(value, Tensor):
-        return value.numel() * value.element_size()
-    if isinstance(value, (tuple, list)):
-        return sum(_nbytes(v) for v in value)
-    return 0
 
 
 class Pipeline:
@@ -252,7 +226,14 @@ class Pipeline:
         self.model = model
         self.what = what
         self.device = run_device(device, what)
-        self._on: Segment | None = None  # the segment whose tensors are on self.device
+        self.store = store_of(model)  # weights on disk, loaded segment by segment
+        on_meta = [name for name, tensor in model.named_parameters() if tensor.is_meta]
+        if on_meta:
+            raise ValueError(
+                f"{what}: the model's parameters are on the meta device ({', '.join(on_meta[:3])}, ...); give them "
+                "their weights with mqbench.advanced_ptq.attach_weights(model, checkpoint) first"
+            )
+        self._on: Segment | None = None  # the segment whose tensors are on self.device (and loaded)
         self.batches = calibration_batches(cali_data)
         self.segments = segments_of(model, together, by_block)
         self._graph_size = len(model.graph.nodes)
@@ -261,6 +242,9 @@ class Pipeline:
         self._last_use = {
             node: max((self._position[user] for user in node.users), default=-1) for node in model.graph.nodes
         }
+        # the attributes (norm weights, tables) a segment reads that the graph gets before it: fetched afresh
+        # where the segment starts, never kept in the boundaries (they are the model's tensors, not values)
+        self._attributes = {segment.index: _attributes_read(segment) for segment in self.segments}
         self._interpreter = (
             fx.Interpreter(model, garbage_collect_values=False)
             if self.device is None
@@ -270,7 +254,7 @@ class Pipeline:
         self._folder: tempfile.TemporaryDirectory[str] | None = None
         self._reached = 0  # the segment whose start the boundaries hold
         self._checkpoints: dict[int, tuple[int, int, dict[fx.Node, Any]]] = {}  # batch: (segment, node index, env)
-        self._boundaries = [_Boundary(self._inputs(batch)) for batch in self.batches]
+        self._boundaries = [Boundary(self._inputs(batch)) for batch in self.batches]
         self._started = time.perf_counter()
 
     @classmethod
@@ -291,6 +275,8 @@ class Pipeline:
             here = [site for site in left if site.layers[-1].node in segment]
             left = [site for site in left if site not in here]
             with self.on_device(segment):  # the algorithm's work on the segment's layers happens there too
+                if self.store is not None:  # the weights just loaded need their quantizers' ranges
+                    calibrate_weights(self.model, skip=list(self.store.pending))
                 yield segment, here, bool(left)
             if not left:
                 return
@@ -299,20 +285,27 @@ class Pipeline:
     def on_device(self, segment: Segment) -> Iterator[None]:
         """``segment``'s parameters and buffers on the pipeline's device (if it has one) while in the block, moved
         back after it."""
-        if self.device is None or self._on is segment:
+        if (self.device is None and self.store is None) or self._on is segment:
             yield
             return
         outer, self._on = self._on, segment
         slots = _slots(self.model, segment)
-        homes = _move(slots, self.device)
+        loaded: list[Tensor] = []
+        if self.store is not None:  # its weights from disk, and their quantizers calibrated
+            held = [getattr(module, name) for module, name in slots]
+            loaded = self.store.load([t for t in held if isinstance(t, Tensor)], self.device)
+        homes = _move(slots, self.device) if self.device is not None else []
         try:
             yield
         finally:  # by slot: an algorithm may have put a new tensor in one (new quantization parameters)
             host = next((home for home in homes if home is not None), torch.device("cpu"))
-            for (module, name), home in zip(slots, homes, strict=True):
+            for (module, name), home in zip(slots, homes, strict=False):
                 tensor, home = getattr(module, name, None), home or host
                 if isinstance(tensor, Tensor) and tensor.device != home:
                     tensor.data = tensor.data.to(home)
+            if self.store is not None:  # written to disk, memory-mapped back; the heap's freed pages given back
+                self.store.offload(loaded, segment.name)
+                release_freed_memory()
             self._on = outer
 
     def _inputs(self, batch: Any) -> dict[str, Any]:
@@ -369,6 +362,9 @@ class Pipeline:
             if self.device is not None:
                 boundary = {name: _to(value, self.device) for name, value in boundary.items()}
             start, values = 0, {self._named[name]: value for name, value in boundary.items()}
+            for attribute in self._attributes[segment.index]:
+                if attribute not in segment:
+                    values[attribute] = self._interpreter.fetch_attr(str(attribute.target))
         self._interpreter.env = values
         for index in range(start, len(segment.nodes)):
             node = segment.nodes[index]
@@ -504,11 +500,15 @@ class Pipeline:
 
     def _keep(self, segment: Segment, batch: int, env: dict[str, Any]) -> None:
         end = self._position[segment.nodes[-1]]
-        live = {name: value for name, value in env.items() if self._last_use[self._named[name]] > end}
+        live = {
+            name: value
+            for name, value in env.items()
+            if self._last_use[self._named[name]] > end and self._named[name].op != "get_attr"
+        }
         if self.device is not None:  # the boundaries wait on the host
             live = {name: _to(value, "cpu") for name, value in live.items()}
         self._boundaries[batch].drop()
-        self._boundaries[batch] = _Boundary(live)
+        self._boundaries[batch] = Boundary(live)
 
     def _advanced(self, segment: Segment) -> None:
         self._reached = segment.index + 1
@@ -591,15 +591,22 @@ def _to(value: Any, device: torch.device | str) -> Any:
     return value
 
 
+def _attributes_read(segment: Segment) -> list[fx.Node]:
+    """The ``get_attr`` nodes whose values ``segment``'s nodes read (the graph may get them in an earlier segment:
+    torch.export's graphs get every attribute at their start)."""
+    read = {arg: None for node in segment.nodes for arg in node.all_input_nodes if arg.op == "get_attr"}
+    return list(read)
+
+
 def _slots(model: fx.GraphModule, segment: Segment) -> list[tuple[nn.Module, str]]:
     """The (module, name) of each parameter and buffer ``segment``'s nodes read: of the modules it calls, and the
-    attributes it gets."""
+    attributes it reads."""
     slots = []
-    for node in segment.nodes:
+    for node in [*segment.nodes, *_attributes_read(segment)]:
         if node.op == "call_module":
             for module in model.get_submodule(str(node.target)).modules():
                 slots += [(module, name) for name in itertools.chain(module._parameters, module._buffers)]
-        elif node.op == "get_attr":
+        elif node.op == "get_attr" and any(user in segment for user in node.users):
             owner_path, _, name = str(node.target).rpartition(".")
             owner = model.get_submodule(owner_path) if owner_path else model
             value = getattr(owner, name)

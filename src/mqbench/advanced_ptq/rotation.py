@@ -61,6 +61,7 @@ from mqbench.advanced_ptq.reconstruction import calibration_batches
 from mqbench.advanced_ptq.weight_only import config_with
 from mqbench.nn.modules.norms import Norm, norm_of
 from mqbench.nn.modules.rms_norm import RMSNorm
+from mqbench.utils.lazy_weights import require_weights
 from mqbench.utils.logger import logger
 from mqbench.utils.state import is_quantizer
 from mqbench.utils.tied import shared_weights
@@ -461,6 +462,7 @@ def hadamard_rotation(model: fx.GraphModule, cali_data: Any, config: Mapping[str
     cfg = config_with(ROTATION_DEFAULTS, config, "hadamard_rotation")
     if not isinstance(model, fx.GraphModule):
         raise ValueError(f"hadamard_rotation takes the model prepare_by_platform returned, got {type(model).__name__}")
+    require_weights(model, "hadamard_rotation (it rotates every layer)")
     if cfg["rotation"] not in ("hadamard", "random"):
         raise ValueError(f"hadamard_rotation config rotation must be 'hadamard' or 'random', got {cfg['rotation']!r}")
     for key in ("residual", "ffn"):

@@ -49,6 +49,7 @@ from torch import Tensor, fx, nn
 
 from mqbench.advanced_ptq.pipeline import Segment, one_pass
 from mqbench.fake_quantize.quantize_base import QuantizeBase
+from mqbench.utils.lazy_weights import require_weights
 from mqbench.utils.logger import logger
 from mqbench.utils.tied import shared_weights
 
@@ -173,6 +174,7 @@ def smooth_quant(
         raise ValueError(f"smooth_quant takes the model prepare_by_platform returned, got {type(model).__name__}")
     if alpha is not None and not 0.0 <= alpha <= 1.0:
         raise ValueError(f"alpha must be in [0, 1] (or None to search it per quantizer), got {alpha}")
+    require_weights(model, "smooth_quant (it rescales every layer once the pass is done)")
     modules = dict(model.named_modules())
     names = {id(module): name for name, module in modules.items()}
     shared = shared_weights(model)

@@ -40,6 +40,7 @@ Example:
 from __future__ import annotations
 
 import inspect
+import itertools
 import operator
 import typing
 from collections.abc import Iterator, Mapping, Sequence
@@ -418,6 +419,7 @@ def _export_capture(
             env[node].meta["stack_trace"] = node.meta["stack_trace"]
     for unused in [n for n in graph.nodes if n.op == "get_attr" and not n.users]:  # parameters inside modules
         graph.erase_node(unused)
+    _constants_on_host(model, graph)
     graph.lint()
     captured = fx.GraphModule(root, graph, type(model).__name__)
     _check(model, captured, args, kwargs)
@@ -587,10 +589,35 @@ def _plain(structure: Any) -> bool:
     return type(structure) in (tuple, list) and all(_plain(value) for value in structure)
 
 
+def _constants_on_host(model: nn.Module, graph: fx.Graph) -> None:
+    """A model captured without its weights (on ``meta``) had its tensors made in the forward (``torch.arange(...,
+    device=...)``, ``.to(device)``) written on ``meta`` too: they are made on the host, where the weights will be."""
+    if not any(tensor.is_meta for tensor in itertools.chain(model.parameters(), model.buffers())):
+        return
+    host = lambda a: torch.device("cpu") if isinstance(a, torch.device) and a.type == "meta" else a  # noqa: E731
+    for node in graph.nodes:
+        if node.op == "call_function":
+            node.args, node.kwargs = fx.node.map_aggregate((node.args, node.kwargs), host)
+
+
 def _check(model: nn.Module, captured: fx.GraphModule, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> None:
     """The captured graph computes what the model computes on the example inputs (same random draws, module
     state restored afterwards: the buffers a forward may update; the parameters, which it does not write, are not
-    copied, so that no second copy of the weights is made)."""
+    copied, so that no second copy of the weights is made). A model whose weights are not loaded yet (on the
+    ``meta`` device: :func:`~mqbench.advanced_ptq.attach_weights` gives them later) computes nothing to compare
+    with: the check is left out, saying so."""
+    on_meta = [
+        name for name, tensor in itertools.chain(model.named_parameters(), model.named_buffers()) if tensor.is_meta
+    ]
+    if on_meta:
+        logger.warning(
+            "capture: %d weight(s) of %s are on the meta device (%s, ...): the captured graph is not compared with "
+            "the model on the example inputs",
+            len(on_meta),
+            type(model).__name__,
+            on_meta[0],
+        )
+        return
     state = {name: value.detach().clone() for name, value in model.named_buffers()}
     try:
         with torch.no_grad(), torch.random.fork_rng():

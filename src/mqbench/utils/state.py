@@ -20,7 +20,7 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, Protocol, cast
 
@@ -133,14 +133,17 @@ def integer_quantizers(model: nn.Module, args: Sequence[Any], kwargs: dict[str, 
     return [name for name, kinds in floating.items() if kinds == {False}]
 
 
-def calibrate_weights(model: nn.Module) -> list[str]:
-    """Calibrate every enabled weight quantizer that has observed nothing on its own weight (weights need no data);
-    the names calibrated."""
+def calibrate_weights(model: nn.Module, skip: Collection[Tensor] = ()) -> list[str]:
+    """Calibrate every enabled weight quantizer that has observed nothing on its own weight (weights need no data),
+    but those of the weights in ``skip`` (weights not loaded yet); the names calibrated."""
     done = []
+    skipped = {id(tensor) for tensor in skip}
     for name, module in model.named_modules():
         quantizer = getattr(module, "weight_fake_quant", None)
         weight = getattr(module, "weight", None)
         if quantizer is None or not is_quantizer(quantizer) or not isinstance(weight, Tensor):
+            continue
+        if id(weight) in skipped or weight.is_meta:
             continue
         if not bool(quantizer.fake_quant_enabled[0]) or getattr(quantizer.activation_post_process, "calibrated", True):
             continue

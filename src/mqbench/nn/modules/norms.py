@@ -30,6 +30,7 @@ Example:
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 
 import torch
@@ -92,6 +93,8 @@ def _probe(module: nn.Module) -> Norm | None:
         return None
     if bias is not None and bias.shape != weight.shape:
         return None
+    if weight.is_meta:  # a model built without its weights: a copy with values of its own says what it computes
+        return _probe_without_values(module)
     width, eps = weight.numel(), _eps(module)
     generator = torch.Generator().manual_seed(0)
     x = (torch.randn(3, 5, width, generator=generator) * 3 + 0.5).to(weight.dtype)
@@ -110,6 +113,23 @@ def _probe(module: nn.Module) -> Norm | None:
             if torch.allclose(y.double(), candidate(x.double()), rtol=1e-3, atol=1e-4):
                 return candidate
     return None
+
+
+def _probe_without_values(module: nn.Module) -> Norm | None:
+    """:func:`_probe` of a module whose parameters are on ``meta``: a copy given values (1 + noise) is probed; the
+    norm it computes is returned with the module's own (``meta``) parameters."""
+    stand_in = copy.deepcopy(module).to_empty(device="cpu")
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for parameter in stand_in.parameters():
+            parameter.copy_(1 + 0.1 * torch.randn(parameter.shape, generator=generator, dtype=parameter.dtype))
+    found = _probe(stand_in)
+    if found is None:
+        return None
+    own = dict(module.named_parameters())
+    weight = own["weight"].detach().double() + found.offset
+    shift = own["bias"].detach().double() if "bias" in own else None
+    return Norm(found.width, found.centered, weight, shift, found.eps, found.offset)
 
 
 def norm_of(module: nn.Module) -> Norm | None:

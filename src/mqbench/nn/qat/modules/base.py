@@ -57,13 +57,14 @@ def resolve_weight_fake_quant_factory(
 
 
 def build_weight_fake_quant(factory: WeightFakeQuantFactory, weight: Tensor) -> nn.Module:
-    """Call ``factory()`` and place the quantizer on the weight's device."""
+    """Call ``factory()`` and place the quantizer on the weight's device (on the host for a weight on ``meta``,
+    whose values come later: the quantizer's own state must hold values)."""
     if not callable(factory):
         raise TypeError(f"the weight fake-quantize factory must be callable, got {factory!r}")
     quantizer = factory()
     if not isinstance(quantizer, nn.Module):
         raise TypeError(f"the weight fake-quantize factory must build an nn.Module, got {type(quantizer).__name__}")
-    return quantizer.to(weight.device)
+    return quantizer if weight.is_meta else quantizer.to(weight.device)
 
 
 def copy_layer_parameters(target: nn.Module, source: nn.Module) -> None:
