@@ -260,6 +260,22 @@ def test_untied_weights_missing_from_a_tied_checkpoint_say_to_tie_them(checkpoin
         attach_weights(_prepare(model, "llm_w4a16"), checkpoint)
 
 
+def test_weights_on_disk_through_the_device_path_give_the_same_weights(checkpoint: Path, monkeypatch) -> None:
+    """``device: cpu`` takes the device path (each block's weights read onto the device, moved back, written back)
+    and gives what GPTQ gives the model in memory, one block loaded at a time."""
+    batches = [{"input_ids": _ids(seed)} for seed in (1, 2)]
+    reference = gptq(_prepare(_llama(3, empty=False), "llm_w4a16"), batches)
+    qmodel = _prepare(_llama(3, empty=True), "llm_w4a16")
+    store = attach_weights(qmodel, checkpoint)
+    held = _watch(store, monkeypatch)
+    gptq(qmodel, batches, {"device": "cpu"})
+    layers = [{int(m[1]) for name in names if (m := BLOCK.match(name)) and "_proj." in name} for names in held]
+    assert layers == [set(), {0}, {1}, {2}]
+    expected, got = _weights(reference), _weights(qmodel)
+    for name, tensor in expected.items():
+        assert torch.equal(tensor, got[name]), name
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_weights_on_disk_calibrated_on_cuda_end_on_the_host(checkpoint: Path) -> None:
     batches = [{"input_ids": _ids(seed)} for seed in (1, 2)]
