@@ -54,7 +54,7 @@ from mqbench.advanced_ptq.weight_only import (
     rtn,
 )
 from mqbench.fake_quantize.quantize_base import QuantizeBase
-from mqbench.utils.lazy_weights import store_of
+from mqbench.utils.lazy_weights import pending_weights
 from mqbench.utils.logger import logger
 
 __all__ = ["AWQ_DEFAULTS", "awq", "awq_scales"]
@@ -238,8 +238,7 @@ def awq(model: fx.GraphModule, cali_data: Any, config: Mapping[str, Any] | None 
         raise ValueError(f"awq config max_shrink must be in (0, 1], got {cfg['max_shrink']!r}")
     check_keys(cfg, "awq")
     sites = linear_sites(model, cfg["layers"], "awq")
-    store = store_of(model)  # weights on disk: each block's quantizers are calibrated when it is loaded
-    calibrate_weights(model, skip=list(store.pending) if store is not None else ())
+    calibrate_weights(model, skip=pending_weights(model))  # weights on disk: calibrated as each block is loaded
     report: dict[str, Any] = {"sites": {}, "clip": {}}
     scaled_inputs: list[tuple[Site, Tensor]] = []  # the graph changes after the pipeline has run
     with Pipeline.for_sites(model, cali_data, sites, cfg, "awq") as pipeline:

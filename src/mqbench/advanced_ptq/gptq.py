@@ -58,7 +58,7 @@ from mqbench.advanced_ptq.weight_only import (
     rtn,
 )
 from mqbench.fake_quantize.quantize_base import QuantizeBase
-from mqbench.utils.lazy_weights import store_of
+from mqbench.utils.lazy_weights import pending_weights
 from mqbench.utils.logger import logger
 
 __all__ = ["GPTQ_DEFAULTS", "gptq", "gptq_quantize", "round_to_grid"]
@@ -202,8 +202,7 @@ def gptq(model: fx.GraphModule, cali_data: Any, config: Mapping[str, Any] | None
         raise ValueError(f"gptq config damp must be in [0, 1), got {cfg['damp']!r}")
     check_keys(cfg, "gptq")
     sites = linear_sites(model, cfg["layers"], "gptq")
-    store = store_of(model)  # weights on disk: each block's quantizers are calibrated when it is loaded
-    calibrate_weights(model, skip=list(store.pending) if store is not None else ())
+    calibrate_weights(model, skip=pending_weights(model))  # weights on disk: calibrated as each block is loaded
     report: dict[str, dict[str, float]] = {}
     with Pipeline.for_sites(model, cali_data, sites, cfg, "gptq") as pipeline:
         for segment, here, more in pipeline.with_sites(sites):

@@ -65,7 +65,7 @@ from torch import Tensor, fx, nn
 from mqbench.advanced_ptq.boundary import Boundary
 from mqbench.advanced_ptq.reconstruction import calibration_batches, call_with
 from mqbench.fake_quantize.quantize_base import QuantizeBase
-from mqbench.utils.lazy_weights import store_of
+from mqbench.utils.lazy_weights import pending_weights, store_of
 from mqbench.utils.logger import logger
 from mqbench.utils.memory import release_freed_memory
 from mqbench.utils.state import calibrate_weights
@@ -276,7 +276,7 @@ class Pipeline:
             left = [site for site in left if site not in here]
             with self.on_device(segment):  # the algorithm's work on the segment's layers happens there too
                 if self.store is not None:  # the weights just loaded need their quantizers' ranges
-                    calibrate_weights(self.model, skip=list(self.store.pending))
+                    calibrate_weights(self.model, skip=pending_weights(self.model))
                 yield segment, here, bool(left)
             if not left:
                 return
@@ -284,25 +284,26 @@ class Pipeline:
     @contextmanager
     def on_device(self, segment: Segment) -> Iterator[None]:
         """``segment``'s parameters and buffers on the pipeline's device (if it has one) while in the block, moved
-        back after it."""
+        back after it; weights on disk loaded for the block and written back after it."""
         if (self.device is None and self.store is None) or self._on is segment:
             yield
             return
         outer, self._on = self._on, segment
         slots = _slots(self.model, segment)
         loaded: list[Tensor] = []
-        if self.store is not None:  # its weights from disk, and their quantizers calibrated
+        if self.store is not None:  # its weights from disk (or from the file an earlier pass wrote)
             held = [getattr(module, name) for module, name in slots]
             loaded = self.store.load([t for t in held if isinstance(t, Tensor)], self.device)
         homes = _move(slots, self.device) if self.device is not None else []
         try:
             yield
         finally:  # by slot: an algorithm may have put a new tensor in one (new quantization parameters)
-            host = next((home for home in homes if home is not None), torch.device("cpu"))
-            for (module, name), home in zip(slots, homes, strict=False):
-                tensor, home = getattr(module, name, None), home or host
-                if isinstance(tensor, Tensor) and tensor.device != home:
-                    tensor.data = tensor.data.to(home)
+            if self.device is not None:
+                host = next((home for home in homes if home is not None), torch.device("cpu"))
+                for (module, name), home in zip(slots, homes, strict=True):
+                    tensor, home = getattr(module, name, None), home or host
+                    if isinstance(tensor, Tensor) and tensor.device != home:
+                        tensor.data = tensor.data.to(home)
             if self.store is not None:  # written to disk, memory-mapped back; the heap's freed pages given back
                 self.store.offload(loaded, segment.name)
                 release_freed_memory()

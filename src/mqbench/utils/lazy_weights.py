@@ -69,6 +69,7 @@ __all__ = [
     "attach_weights",
     "materialize",
     "offloaded_weights",
+    "pending_weights",
     "require_weights",
     "store_of",
 ]
@@ -256,7 +257,7 @@ def attach_weights(
             kind = "_parameters" if isinstance(tensor, nn.Parameter) else "_buffers"
             getattr(module, kind)[attribute] = placeholder
         store.pending[placeholder] = chosen[tensor]
-    setattr_meta(model, store)
+    _keep_store(model, store)
     return store
 
 
@@ -312,7 +313,7 @@ class _Chain(Mapping[str, Tensor]):
         return len({name for found in self.maps for name in found})
 
 
-def setattr_meta(model: nn.Module, store: WeightStore | None) -> None:
+def _keep_store(model: nn.Module, store: WeightStore | None) -> None:
     """Keep ``store`` on ``model`` (its ``meta`` dict where it has one)."""
     meta = getattr(model, "meta", None)
     if isinstance(meta, dict):
@@ -324,6 +325,12 @@ def setattr_meta(model: nn.Module, store: WeightStore | None) -> None:
         model.__dict__.pop(LAZY_WEIGHTS, None)
     else:
         model.__dict__[LAZY_WEIGHTS] = store
+
+
+def pending_weights(model: nn.Module) -> list[Tensor]:
+    """The placeholders of ``model``'s weights still on disk (none for a model without a store)."""
+    store = store_of(model)
+    return list(store.pending) if store is not None else []
 
 
 def store_of(model: nn.Module) -> WeightStore | None:
@@ -358,5 +365,5 @@ def materialize(model: nn.Module) -> nn.Module:
         store.load(list(store.pending), None)
         store.loaded.clear()
         store.mapped.clear()
-    setattr_meta(model, None)
+    _keep_store(model, None)
     return model
