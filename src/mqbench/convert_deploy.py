@@ -412,17 +412,30 @@ def _deploy(
     scratch = Path(tempfile.mkdtemp(prefix=".mqbench-deploy-", dir=folder))
     try:
         context = DeployContext(
-            spec, model_name, scratch, float_model, qdq_model, table, input_names, output_names, qlinear_weight_type
+            spec,
+            model_name,
+            scratch,
+            float_model,
+            qdq_model,
+            table,
+            input_names,
+            output_names,
+            qlinear_weight_type,
+            module=deployed,
         )
         written = {
             "onnx": save_model(qdq_model, context.path(".onnx")),
             "deploy_onnx": save_model(float_model, context.path("_deploy_model.onnx")),
         }
         for key in keys:
-            written[key] = str((extra_steps.get(key) or WRITERS[key])(context))
+            path = (extra_steps.get(key) or WRITERS[key])(context)
+            if path is not None:  # None: the model has no such form (a Hugging Face checkpoint of another model)
+                written[key] = str(path)
         for key, step in extra_steps.items():
             if key not in written or key in ("onnx", "deploy_onnx"):
-                written[key] = str(step(context))
+                path = step(context)
+                if path is not None:
+                    written[key] = str(path)
         _refuse_shared_files(spec, written)
         steps = [f for f in BACKEND_DEPLOY_FUNCTION.get(spec.name, []) if f not in _pipeline_steps(spec)]
         if steps:
@@ -438,13 +451,15 @@ def _deploy(
         artifacts = {}
         for key, path in written.items():
             source = Path(path)
-            if not source.is_file():
+            if not source.is_file() and not (source.is_dir() and scratch in source.parents):
                 raise RuntimeError(f"deploy step {key!r} returned {path!r}, which is not a file it wrote")
             target = folder / source.relative_to(scratch)
             artifacts[key] = str(target)
         for key, path in written.items():
             target = Path(artifacts[key])
             target.parent.mkdir(parents=True, exist_ok=True)
+            if Path(path).is_dir() and target.is_dir():  # a folder artifact replaces an earlier deployment's whole
+                shutil.rmtree(target)
             shutil.move(path, target)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
@@ -463,7 +478,7 @@ def _deploy(
 
 
 # The artifact formats that hold group-wise weights besides the Q/DQ model (blocked DequantizeLinear).
-GROUP_FORMATS = frozenset({"matmulnbits_onnx"})
+GROUP_FORMATS = frozenset({"matmulnbits_onnx", "compressed_tensors"})
 
 
 def _refuse_groups_in(keys: list[str], table: QParamTable, spec: BackendSpec) -> None:

@@ -40,7 +40,7 @@ from mqbench.nn.modules.norms import norm_classes
 from mqbench.observer import ObserverDict
 from mqbench.utils.config import check_keys
 from mqbench.utils.export_capture import CAPTURE_ATTRIBUTE, CAPTURES, DYNAMIC_AXES, export_capture, trace_or_export
-from mqbench.utils.hf_capture import linear_layers
+from mqbench.utils.hf_capture import SOURCE_CONFIG, linear_layers, source_config
 from mqbench.utils.tracer import QuantizationTracer, TracingError, check_model, trace, unwrap_model
 
 __all__ = [
@@ -357,6 +357,9 @@ def prepare_by_platform(
     _preserve_attributes(source, prepared, config.get("preserve_attr", {}))
     _keep_attribute(prepared, BACKEND_ATTRIBUTE, spec.name)
     _keep_attribute(prepared, CAPTURE_ATTRIBUTE, captured_by)
+    configuration = source_config(source)
+    if configuration is not None:  # a Hugging Face model: its checkpoint formats are written with it
+        _keep_attribute(prepared, SOURCE_CONFIG, configuration)
     if graph_module.meta.get(DYNAMIC_AXES):  # convert_deploy writes them as the ONNX file's dynamic axes
         _keep_attribute(prepared, DYNAMIC_AXES, graph_module.meta[DYNAMIC_AXES])
     return prepared.train(training)

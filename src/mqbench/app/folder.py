@@ -39,6 +39,7 @@ __all__ = [
     "check_checksums",
     "create_folder",
     "describe_os_error",
+    "file_paths",
     "previous_status",
     "read_checksums",
     "sha256_of",
@@ -84,6 +85,15 @@ def describe_os_error(error: OSError, what: str = "write") -> str:
     else:
         remedy = "check the path and run again"
     return f"cannot {what} {where}: {reason}; {remedy}"
+
+
+def file_paths(paths: Iterable[str | Path]) -> list[Path]:
+    """``paths`` with each folder among them (an artifact that is a folder) replaced by the files in it, sorted."""
+    out: list[Path] = []
+    for item in paths:
+        path = Path(item)
+        out.extend(sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path])
+    return out
 
 
 def sha256_of(path: str | Path) -> str:
@@ -254,9 +264,8 @@ class RunFolder:
     def write_checksums(self, files: Sequence[str | Path]) -> Path:
         """``checksums.sha256``: the SHA-256 of each of ``files`` (relative to the folder, or absolute)."""
         lines = []
-        for file in files:
-            path = Path(file)
-            full = path if path.is_absolute() else self.path / path
+        for path in file_paths(Path(f) if Path(f).is_absolute() else self.path / f for f in files):
+            full = path
             try:
                 shown = full.resolve().relative_to(self.path.resolve())
             except ValueError:
@@ -272,8 +281,8 @@ def update_checksums(folder: str | Path, files: Iterable[str | Path]) -> None:
     recorded = read_checksums(path)
     if recorded is None:
         return
-    for file in files:
-        full = Path(file).resolve()
+    for file in file_paths(files):
+        full = file.resolve()
         try:
             name = full.relative_to(path.resolve()).as_posix()
         except ValueError:

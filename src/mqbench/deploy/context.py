@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import onnx
+from torch import nn
 
 from mqbench.backends.registry import resolve_backend
 from mqbench.backends.spec import BackendSpec
@@ -50,7 +51,8 @@ class DeployResult:
 
 @dataclass
 class DeployContext:
-    """Everything a deploy step may read; a step writes one file into ``folder`` and returns its path."""
+    """Everything a deploy step may read; a step writes one file (or one folder) into ``folder`` and returns its
+    path, or None where the model has no such form (a checkpoint format of Hugging Face models, for another)."""
 
     spec: BackendSpec
     model_name: str
@@ -61,10 +63,12 @@ class DeployContext:
     input_names: list[str]
     output_names: list[str]
     qlinear_weight_type: str | None = None  # the QLinear graph's weights: "int8", "uint8" or None (the table's)
+    # the deployed torch model (quantizers frozen, weights quantized): for formats written from its parameters
+    module: nn.Module | None = None
 
     def path(self, suffix: str) -> Path:
         """``folder / f"{model_name}{suffix}"``."""
         return self.folder / f"{self.model_name}{suffix}"
 
 
-DeployStep = Callable[[DeployContext], "str | Path"]
+DeployStep = Callable[[DeployContext], "str | Path | None"]

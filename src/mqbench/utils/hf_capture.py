@@ -23,7 +23,23 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["broadcast_for_bhqkv", "linear_layers", "masks_without_vmap"]
+__all__ = ["SOURCE_CONFIG", "broadcast_for_bhqkv", "linear_layers", "masks_without_vmap", "source_config"]
+
+# The prepared model's attribute holding the Hugging Face model's configuration (a JSON-able dict with
+# "architectures"): what a checkpoint a Hugging Face runtime loads (compressed-tensors) is written with.
+SOURCE_CONFIG = "mqbench_source_config"
+
+
+def source_config(model: nn.Module) -> dict[str, Any] | None:
+    """A Hugging Face model's configuration as ``config.json`` holds it (its class in ``architectures``), or None
+    for a model without one."""
+    config = getattr(model, "config", None)
+    to_dict = getattr(config, "to_dict", None)
+    if not callable(to_dict) or not isinstance(getattr(config, "model_type", None), str):
+        return None
+    values = dict(to_dict())
+    values["architectures"] = [type(model).__name__]
+    return values
 
 
 def broadcast_for_bhqkv(mask_function: Callable[..., Any], bh_indices: bool = True) -> Callable[..., Any]:

@@ -36,6 +36,7 @@ from mqbench.deploy import qdq, qlinear
 from mqbench.deploy.writers import (
     calib_cache,
     clip_ranges,
+    compressed_tensors,
     matmulnbits,
     nnie,
     openvino,
@@ -53,7 +54,7 @@ if TYPE_CHECKING:
 
 __all__ = ["FORMATS", "READERS", "WRITERS", "ArtifactFormat", "Reader", "Runner", "Server", "Writer"]
 
-Writer = Callable[["DeployContext"], Path]
+Writer = Callable[["DeployContext"], Path | None]
 Reader = Callable[[str | Path, BackendSpec, onnx.ModelProto], QParamTable]
 # run(result, feeds, run) -> ArtifactReport: the model artifact on its runtime, against the simulation
 Runner = Callable[["DeployResult", Mapping[str, np.ndarray], "VerifyRun"], "ArtifactReport"]
@@ -115,6 +116,13 @@ _FORMATS = [
         run=qdq.verify,
         serve=qdq.serve,
         description="every backend: the standard Q/DQ model (the pipeline's)",
+    ),
+    ArtifactFormat(
+        compressed_tensors.KEY,
+        compressed_tensors.write,
+        run=compressed_tensors.verify,
+        serve=compressed_tensors.serve,
+        description="weight-only backends, Hugging Face models: a compressed-tensors folder (vLLM, transformers)",
     ),
 ]
 FORMATS: Mapping[str, ArtifactFormat] = MappingProxyType({f.key: f for f in _FORMATS})
