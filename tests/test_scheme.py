@@ -47,3 +47,20 @@ def test_observer_kwargs_and_mqbench_dict():
     assert QuantScheme().observer_kwargs()["ch_axis"] == -1
     with pytest.raises(ValueError, match=r"unknown quantization scheme key 'bitz'.*valid keys: .*bit"):
         QuantScheme.from_dict({"bitz": 8})
+
+
+def test_scale_dtype_is_checked_and_reaches_only_quantizers_whose_scale_an_observer_gives():
+    from mqbench.backends import QuantizerSpec
+
+    assert QuantScheme(4, per_channel=True, group_size=32, scale_dtype="float16").observer_kwargs()["scale_dtype"] == (
+        "float16"
+    )
+    assert "scale_dtype" not in QuantScheme(4).observer_kwargs()
+    with pytest.raises(ValueError, match="scale_dtype must be one of"):
+        QuantScheme(4, scale_dtype="float8")
+    scheme = QuantScheme(8, per_channel=True, scale_dtype="bfloat16")
+    fixed = QuantizerSpec(scheme, "FixedFakeQuantize", "MinMaxObserver").factory()()
+    fixed(torch.tensor([[0.3, -1.1], [2.0, 0.01]]))
+    assert torch.equal(fixed.scale, fixed.scale.bfloat16().float())
+    with pytest.raises(ValueError, match="learns or computes its own scale"):
+        QuantizerSpec(scheme, "LearnableFakeQuantize", "MinMaxObserver").factory()()

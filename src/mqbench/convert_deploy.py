@@ -478,7 +478,7 @@ def _deploy(
 
 
 # The artifact formats that hold group-wise weights besides the Q/DQ model (blocked DequantizeLinear).
-GROUP_FORMATS = frozenset({"matmulnbits_onnx", "compressed_tensors"})
+GROUP_FORMATS = frozenset({"matmulnbits_onnx", "compressed_tensors", "gguf", "genai"})
 
 
 def _refuse_groups_in(keys: list[str], table: QParamTable, spec: BackendSpec) -> None:

@@ -40,7 +40,7 @@ from mqbench.nn.modules.norms import norm_classes
 from mqbench.observer import ObserverDict
 from mqbench.utils.config import check_keys
 from mqbench.utils.export_capture import CAPTURE_ATTRIBUTE, CAPTURES, DYNAMIC_AXES, export_capture, trace_or_export
-from mqbench.utils.hf_capture import SOURCE_CONFIG, linear_layers, source_config
+from mqbench.utils.hf_capture import REPLACED_LAYERS, SOURCE_CONFIG, linear_layers, source_config
 from mqbench.utils.tracer import QuantizationTracer, TracingError, check_model, trace, unwrap_model
 
 __all__ = [
@@ -329,7 +329,7 @@ def prepare_by_platform(
         raise ValueError(f"prepare_custom_config_dict['inplace'] must be True or False, got {inplace!r}")
     if not inplace:  # the prepared model owns its modules; the user's model is left as it was
         model = copy.deepcopy(model)
-    linear_layers(model)  # transformers' Conv1D (GPT-2) is prepared as the nn.Linear it is
+    replaced = linear_layers(model)  # transformers' Conv1D (GPT-2) is prepared as the nn.Linear it is
     half = bool(_half_types(model))
     _to_float32(model)
     if half and "example_inputs" in config:  # captured as it runs once prepared: on float32 inputs
@@ -359,6 +359,7 @@ def prepare_by_platform(
     _keep_attribute(prepared, CAPTURE_ATTRIBUTE, captured_by)
     configuration = source_config(source)
     if configuration is not None:  # a Hugging Face model: its checkpoint formats are written with it
+        configuration[REPLACED_LAYERS] = replaced  # layers its checkpoints store in another form than nn.Linear
         _keep_attribute(prepared, SOURCE_CONFIG, configuration)
     if graph_module.meta.get(DYNAMIC_AXES):  # convert_deploy writes them as the ONNX file's dynamic axes
         _keep_attribute(prepared, DYNAMIC_AXES, graph_module.meta[DYNAMIC_AXES])

@@ -21,11 +21,34 @@ from typing import Any
 
 import torch
 
-__all__ = ["FP8_LARGEST", "MAX_BITS", "MIN_BITS", "QuantScheme", "QuantizeScheme", "check_group_size"]
+__all__ = [
+    "FP8_LARGEST",
+    "MAX_BITS",
+    "MIN_BITS",
+    "SCALE_DTYPES",
+    "QuantScheme",
+    "QuantizeScheme",
+    "check_group_size",
+    "rounded_scale",
+]
 
 MIN_BITS = 2
 MAX_BITS = 16
 FP8_LARGEST = {"e4m3": 448, "e5m2": 57344}  # the largest finite value of E4M3FN and E5M2
+SCALE_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}  # scale_dtype: the 16-bit scale types
+
+
+def rounded_scale(scale: torch.Tensor, dtype: str) -> torch.Tensor:
+    """``scale`` (float32) rounded to the nearest value of ``dtype`` (a :data:`SCALE_DTYPES` name), kept within its
+    normal range: the scale a format storing 16-bit scales holds, as float32.
+
+    Example:
+        >>> rounded_scale(torch.tensor([0.1, 1e-9]), "float16").tolist()
+        [0.0999755859375, 6.103515625e-05]
+    """
+    target = SCALE_DTYPES[dtype]
+    info = torch.finfo(target)
+    return torch.clamp(scale.float(), min=info.tiny, max=info.max).to(target).float()
 
 
 def check_group_size(group_size: Any, per_channel: bool, ch_axis: int) -> int:
@@ -58,6 +81,9 @@ class QuantScheme:
             output channel: group-wise weights (W4A16 with groups of 128). Needs ``per_channel`` on axis 0.
         fp8: ``"e4m3"`` or ``"e5m2"``: the 8 bits are an FP8 number, not an integer (FP8FakeQuantize); the
             range is then the format's largest value, negated and itself (448 or 57344).
+        scale_dtype: ``"float16"`` or ``"bfloat16"``: each scale is rounded to that type (to nearest, within its
+            normal range) where the observer gives it, so the simulation computes with the scales a format that
+            stores 16-bit scales holds (GGUF's Q4_0 / Q8_0, a 16-bit checkpoint). None: float32 scales.
     """
 
     bits: int = 8
@@ -69,6 +95,7 @@ class QuantScheme:
     unsigned: bool = False
     group_size: int | None = None
     fp8: str | None = None
+    scale_dtype: str | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.bits, bool) or not isinstance(self.bits, int):
@@ -85,6 +112,8 @@ class QuantScheme:
             raise ValueError("unsigned is a symmetric grid with zero point 0; set symmetric=True or drop unsigned")
         if self.group_size is not None:
             check_group_size(self.group_size, self.per_channel, self.ch_axis)
+        if self.scale_dtype is not None and self.scale_dtype not in SCALE_DTYPES:
+            raise ValueError(f"scale_dtype must be one of {sorted(SCALE_DTYPES)} or None, got {self.scale_dtype!r}")
         if self.fp8 is not None:
             if self.fp8 not in FP8_LARGEST:
                 raise ValueError(f"fp8 must be one of {sorted(FP8_LARGEST)}, got {self.fp8!r}")
@@ -128,9 +157,11 @@ class QuantScheme:
         set: it is the fake quantizer's, which groups the weight before its observer sees it)."""
         group = {} if self.group_size is None else {"group_size": self.group_size}
         fp8 = {} if self.fp8 is None else {"fp8": self.fp8}
+        rounded = {} if self.scale_dtype is None else {"scale_dtype": self.scale_dtype}
         return {
             **group,
             **fp8,
+            **rounded,
             "dtype": torch.qint8 if self.quant_min < 0 else torch.quint8,
             "qscheme": self.torch_qscheme,
             "quant_min": self.quant_min,

@@ -1,6 +1,6 @@
 """docs/llm_quantization.md runs as written: GPTQ at W4A16 and its deployment verify, GPTQ on weights kept on disk
-(the same model), and the FP8 / W8A8 / W3A16 part; GPTQ's perplexity is below rounding to nearest's on the same
-decoder."""
+(the same model), the FP8 / W8A8 / W3A16 part, and the checkpoints LLM runtimes load (loaded as a user would);
+GPTQ's perplexity is below rounding to nearest's on the same decoder."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ DOC = Path(__file__).resolve().parents[2] / "docs" / "llm_quantization.md"
 def test_the_guide_runs_deploys_and_verifies(capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # the decoder is cached where the suite's other decoders are (its command-line runs')
     blocks = re.findall(r"```python\n(.*?)```", DOC.read_text(), flags=re.S)
-    assert len(blocks) == 4
+    assert len(blocks) == 5
     namespace: dict = {"__name__": "llm_guide"}
     for block in blocks:
         exec(compile(block, str(DOC), "exec"), namespace)
@@ -33,6 +33,15 @@ def test_the_guide_runs_deploys_and_verifies(capsys, tmp_path, monkeypatch):
     lazy, qmodel = namespace["lazy"].state_dict(), namespace["qmodel"].state_dict()
     assert lazy.keys() == qmodel.keys() and all(torch.equal(lazy[name], qmodel[name]) for name in qmodel)
     assert "['deploy_onnx', 'matmulnbits_onnx', 'onnx']" in out
+    # the serving section: both checkpoints written and verified by their loaders, and loaded as a user would
+    assert "served: ['compressed_tensors', 'deploy_onnx', 'gguf', 'matmulnbits_onnx', 'onnx'] passed" in out
+    ids = namespace["ids"]
+    with torch.no_grad():
+        folder_logits = namespace["folder_model"](ids).logits
+        gguf_logits = namespace["gguf_model"](ids).logits
+        simulated = namespace["served"](input_ids=ids)
+    simulated = simulated["logits"] if isinstance(simulated, dict) else simulated[0]
+    assert torch.allclose(folder_logits, simulated, atol=1e-4) and torch.allclose(gguf_logits, simulated, atol=1e-4)
     nearest = prepare_by_platform(namespace["model"], "llm_w4a16")
     calibrate_weights(nearest)
     enable_quantization(nearest)

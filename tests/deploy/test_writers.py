@@ -672,6 +672,7 @@ def test_every_format_is_one_record_that_verification_can_check():
         "openvino_onnx",
         "matmulnbits_onnx",
         "compressed_tensors",
+        "gguf",
     }
 
 

@@ -19,7 +19,7 @@ SPEC = BackendSpec(
     activation=None,
     placement=Placement(),
     description="weight-only 4-bit, symmetric groups of 128 input channels, activations float (W4A16)",
-    deploy=("matmulnbits_onnx", "compressed_tensors"),
+    deploy=("matmulnbits_onnx", "compressed_tensors", "gguf", "genai"),
     weight_only=True,
     float_layers=("lm_head", "embedding"),  # as LLM runtimes serve them; float_layers: [] quantizes them
 )

@@ -10,6 +10,7 @@ from torch import Tensor
 from mqbench.fake_quantize.quantize_base import QuantizeBase
 from mqbench.functional import fake_quantize, folded_learnable_fake_quantize
 from mqbench.observer import MinMaxObserver
+from mqbench.scheme import rounded_scale
 
 __all__ = ["FixedFakeQuantize", "ObserverQParamsQuantizer"]
 
@@ -22,6 +23,7 @@ class ObserverQParamsQuantizer(QuantizeBase):
 
     scale: Tensor
     zero_point: Tensor
+    observer_scales = True  # the scale is the observer's (scale_dtype may round it)
 
     def __init__(self, observer: Any = MinMaxObserver, **observer_kwargs: Any) -> None:
         super().__init__(observer, **observer_kwargs)
@@ -30,6 +32,8 @@ class ObserverQParamsQuantizer(QuantizeBase):
 
     def update_qparams(self) -> None:
         scale, zero_point = self.calculate_qparams()
+        if self.scale_dtype is not None:  # the 16-bit scale a format stores (the zero point stays the observer's)
+            scale = rounded_scale(scale, self.scale_dtype)
         if self.scale.shape != scale.shape:
             self.scale = torch.empty_like(scale)
             self.zero_point = torch.empty_like(zero_point)

@@ -9,7 +9,7 @@ from torch import Tensor, nn
 
 from mqbench.functional import bits_of_range, fake_quantize_for_export, from_groups, to_groups
 from mqbench.observer import MinMaxObserver
-from mqbench.scheme import check_group_size
+from mqbench.scheme import SCALE_DTYPES, check_group_size
 from mqbench.utils.factory import Factory
 from mqbench.utils.state_dict import resize_to_state_dict
 
@@ -55,6 +55,15 @@ class QuantizeBase(nn.Module):
     def __init__(self, observer: Any = MinMaxObserver, **observer_kwargs: Any) -> None:
         super().__init__()
         group_size = observer_kwargs.pop("group_size", None)
+        self.scale_dtype: str | None = observer_kwargs.pop("scale_dtype", None)
+        if self.scale_dtype is not None:
+            if self.scale_dtype not in SCALE_DTYPES:
+                raise ValueError(f"scale_dtype must be one of {sorted(SCALE_DTYPES)}, got {self.scale_dtype!r}")
+            if not getattr(self, "observer_scales", False):
+                raise ValueError(
+                    f"{type(self).__name__} learns or computes its own scale; scale_dtype rounds the scale an observer "
+                    "gives: use FixedFakeQuantize"
+                )
         if observer_kwargs.pop("fp8", None) is not None:  # FP8FakeQuantize takes it as its own argument
             raise ValueError(f"{type(self).__name__} quantizes to integers; an fp8 scheme needs FP8FakeQuantize")
         self.activation_post_process = observer(**observer_kwargs)

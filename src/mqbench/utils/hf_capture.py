@@ -23,11 +23,20 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["SOURCE_CONFIG", "broadcast_for_bhqkv", "linear_layers", "masks_without_vmap", "source_config"]
+__all__ = [
+    "REPLACED_LAYERS",
+    "SOURCE_CONFIG",
+    "broadcast_for_bhqkv",
+    "linear_layers",
+    "masks_without_vmap",
+    "source_config",
+]
 
 # The prepared model's attribute holding the Hugging Face model's configuration (a JSON-able dict with
 # "architectures"): what a checkpoint a Hugging Face runtime loads (compressed-tensors) is written with.
 SOURCE_CONFIG = "mqbench_source_config"
+# its key counting the layers prepare replaced by nn.Linear (GPT-2's Conv1D): a checkpoint stores them otherwise
+REPLACED_LAYERS = "mqbench_replaced_linear_layers"
 
 
 def source_config(model: nn.Module) -> dict[str, Any] | None:

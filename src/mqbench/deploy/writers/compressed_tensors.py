@@ -51,7 +51,7 @@ from torch import nn
 
 from mqbench.deploy.comparison import ArtifactReport, compare
 from mqbench.qparams import TensorQParams
-from mqbench.utils.hf_capture import SOURCE_CONFIG
+from mqbench.utils.hf_capture import REPLACED_LAYERS, SOURCE_CONFIG
 
 if TYPE_CHECKING:
     from mqbench.deploy.context import DeployContext
@@ -280,6 +280,14 @@ def write(context: DeployContext) -> Path | None:
             stacklevel=3,
         )
         return None
+    if source.get(REPLACED_LAYERS):
+        warnings.warn(
+            f"{KEY}: not written, {source[REPLACED_LAYERS]} of the model's layers are not nn.Linear in its "
+            "architecture (GPT-2's Conv1D stores its weight [in, out]), and the format quantizes Linear layers; the "
+            "ONNX artifacts hold them",
+            stacklevel=3,
+        )
+        return None
     params = dict(module.named_parameters(remove_duplicate=False))
     dtype = _float_dtype(module)
     compressed: dict[str, np.ndarray] = {}
@@ -314,7 +322,7 @@ def write(context: DeployContext) -> Path | None:
     groups = list(schemes.values())
     if len(groups) == 1:
         groups = [(groups[0][0], ["Linear"])]
-    config = {key: value for key, value in source.items() if key != "_name_or_path"}
+    config = {key: value for key, value in source.items() if key != "_name_or_path" and not key.startswith("mqbench_")}
     tied = bool(config.get("tie_word_embeddings", False))
     tensors: dict[str, np.ndarray] = {}
     seen: dict[int, str] = {}

@@ -37,6 +37,8 @@ from mqbench.deploy.writers import (
     calib_cache,
     clip_ranges,
     compressed_tensors,
+    genai,
+    gguf,
     matmulnbits,
     nnie,
     openvino,
@@ -123,6 +125,20 @@ _FORMATS = [
         run=compressed_tensors.verify,
         serve=compressed_tensors.serve,
         description="weight-only backends, Hugging Face models: a compressed-tensors folder (vLLM, transformers)",
+    ),
+    ArtifactFormat(
+        gguf.KEY,
+        gguf.write,
+        run=gguf.verify,
+        serve=gguf.serve,
+        description="weight-only backends, Llama-architecture models in groups of 32: GGUF (llama.cpp)",
+    ),
+    ArtifactFormat(
+        genai.KEY,
+        genai.write,
+        run=genai.verify,
+        serve=genai.serve,
+        description="weight-only backends, Llama models: an ONNX decoder with a KV cache (onnxruntime-genai)",
     ),
 ]
 FORMATS: Mapping[str, ArtifactFormat] = MappingProxyType({f.key: f for f in _FORMATS})

