@@ -34,7 +34,7 @@ def test_the_guide_runs_deploys_and_verifies(capsys, tmp_path, monkeypatch):
     assert lazy.keys() == qmodel.keys() and all(torch.equal(lazy[name], qmodel[name]) for name in qmodel)
     assert "['deploy_onnx', 'matmulnbits_onnx', 'onnx']" in out
     # the serving section: both checkpoints written and verified by their loaders, and loaded as a user would
-    assert "served: ['compressed_tensors', 'deploy_onnx', 'gguf', 'matmulnbits_onnx', 'onnx'] passed" in out
+    assert "served: ['compressed_tensors', 'deploy_onnx', 'genai', 'gguf', 'matmulnbits_onnx', 'onnx'] passed" in out
     ids = namespace["ids"]
     with torch.no_grad():
         folder_logits = namespace["folder_model"](ids).logits
@@ -42,6 +42,14 @@ def test_the_guide_runs_deploys_and_verifies(capsys, tmp_path, monkeypatch):
         simulated = namespace["served"](input_ids=ids)
     simulated = simulated["logits"] if isinstance(simulated, dict) else simulated[0]
     assert torch.allclose(folder_logits, simulated, atol=1e-4) and torch.allclose(gguf_logits, simulated, atol=1e-4)
+    tokens = [int(t) for t in out.split("onnxruntime-genai: [")[1].split("]")[0].split(",")]
+    prompt = ids[:1, :8]
+    with torch.no_grad():
+        for _ in range(16):
+            step = namespace["served"](input_ids=prompt)
+            step = step["logits"] if isinstance(step, dict) else step[0]
+            prompt = torch.cat([prompt, step[:, -1].argmax(-1, keepdim=True)], dim=1)
+    assert tokens == prompt[0, 8:].tolist()  # the KV-cache decoder generates the simulation's greedy tokens
     nearest = prepare_by_platform(namespace["model"], "llm_w4a16")
     calibrate_weights(nearest)
     enable_quantization(nearest)
