@@ -12,6 +12,10 @@ compressed-tensors folder and the GGUF file; the table gives:
   loader): the largest weight difference in LSBs (0: every weight bit for bit) and the logits' largest difference;
 * held-out perplexity (``--windows`` windows of 256 tokens of the standard library's held-out files) of the float
   model, the simulation, and the model each loader reads from the file;
+* onnxruntime-genai on the KV-cache decoder (``genai``) against the same decoder written float: prefill latency of a
+  128-token prompt and decode tokens a second over 64 new tokens (``--threads`` intra-op threads, medians of
+  ``--repeats`` interleaved rounds, the speed ratio taken within each round), and how many of the 64 greedy tokens
+  equal the simulation's;
 * where ``llama-cpp-python`` imports in ``--llama-python`` (a scratch venv; it is a source build), greedy tokens of
   llama.cpp from the GGUF file against the simulation's greedy tokens (llama.cpp multiplies Q4_0 / Q8_0 weights
   with activations it rounds to 8 bits, the simulation keeps them float: the count of equal tokens is reported).
@@ -32,12 +36,69 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from _timing import print_table, write_json
 
 SCHEME = {"group_size": 32, "scale_dtype": "float16"}
 PROMPT_TOKENS, NEW_TOKENS = 32, 32
+TIMED_PROMPT, TIMED_NEW = 128, 64  # onnxruntime-genai timing: a 128-token prompt, 64 new tokens
+
+
+def _threads(folder: Path, threads: int) -> None:
+    """The genai folder's sessions on ``threads`` intra-op threads."""
+    path = folder / "genai_config.json"
+    config = json.loads(path.read_text())
+    config["model"]["decoder"]["session_options"]["intra_op_num_threads"] = threads
+    path.write_text(json.dumps(config, indent=2))
+
+
+def _generate(model: Any, prompt: Any, new: int) -> tuple[float, float, list[int]]:
+    """onnxruntime-genai's greedy generation: (prefill seconds, decode tokens a second, the new tokens)."""
+    import onnxruntime_genai as og
+
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=prompt.shape[1] + new, do_sample=False)
+    generator = og.Generator(model, params)
+    started = time.perf_counter()
+    generator.append_tokens(prompt)
+    prefilled = time.perf_counter()
+    while not generator.is_done():
+        generator.generate_next_token()
+    done = time.perf_counter()
+    tokens = [int(t) for t in generator.get_sequence(0)][prompt.shape[1] :]
+    return prefilled - started, len(tokens) / (done - prefilled), tokens
+
+
+def _timed(folders: dict[str, Path], prompt: Any, repeats: int) -> dict[str, Any]:
+    """Each folder's generation, interleaved over ``repeats`` rounds: medians and the decode speed ratio per round."""
+    import statistics
+
+    import onnxruntime_genai as og
+
+    models = {name: og.Model(str(folder)) for name, folder in folders.items()}
+    for model in models.values():
+        _generate(model, prompt, 4)  # warm-up
+    samples: dict[str, list[tuple[float, float]]] = {name: [] for name in models}
+    tokens: dict[str, list[int]] = {}
+    for _ in range(repeats):
+        for name, model in models.items():
+            prefill, speed, tokens[name] = _generate(model, prompt, TIMED_NEW)
+            samples[name].append((prefill, speed))
+    out: dict[str, Any] = {
+        name: {
+            "prefill_ms": 1000 * statistics.median(p for p, _ in values),
+            "decode_tokens_per_s": statistics.median(s for _, s in values),
+            "tokens": tokens[name],
+        }
+        for name, values in samples.items()
+    }
+    names = list(models)
+    out["decode_speedup"] = statistics.median(
+        a[1] / b[1] for a, b in zip(samples[names[1]], samples[names[0]], strict=True)
+    )
+    return out
 
 
 def _size(path: str | Path) -> int:
@@ -93,14 +154,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from mqbench.convert_deploy import convert_deploy
     from mqbench.deploy.verify import verify_deploy
     from mqbench.deploy.writers.compressed_tensors import _load as load_folder
+    from mqbench.deploy.writers.genai import write_folder
     from mqbench.deploy.writers.gguf import _load as load_gguf
     from mqbench.models.decoder import window_perplexity
     from mqbench.models.smollm2 import load_smollm2, text_windows
     from mqbench.prepare_by_platform import prepare_by_platform
+    from mqbench.qparams import QParamTable
+    from mqbench.utils.hf_capture import SOURCE_CONFIG
     from mqbench.utils.state import enable_quantization
 
     torch.set_num_threads(args.threads)
-    model, tokenizer = load_smollm2()
+    model, tokenizer = load_smollm2(args.blocks)
     held = text_windows(tokenizer, 257, args.windows, held_out=True, seed=1000)
     batches = list(held.split(4))
     logits = lambda m: lambda ids: m(input_ids=ids).logits  # noqa: E731
@@ -129,7 +193,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             result = convert_deploy(qmodel, backend, dummy_input=sample, output_path=scratch / backend)
             deployed = time.perf_counter() - started
             started = time.perf_counter()
-            report = verify_deploy(qmodel, result, sample, ["compressed_tensors", "gguf"], fidelity=False)
+            report = verify_deploy(qmodel, result, sample, ["compressed_tensors", "gguf", "genai"], fidelity=False)
             verified = time.perf_counter() - started
         row: dict[str, Any] = {
             "prepare_and_round_s": prepared,
@@ -140,7 +204,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "simulation_perplexity": window_perplexity(logits(qmodel), batches),
             "artifacts": {},
         }
-        for key in ("onnx", "matmulnbits_onnx", "compressed_tensors", "gguf"):
+        for key in ("onnx", "matmulnbits_onnx", "compressed_tensors", "gguf", "genai"):
             if key not in result.artifacts:
                 row["artifacts"][key] = {"written": False}
                 continue
@@ -172,6 +236,28 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             else sum(a == b for a, b in zip(llama_tokens, simulated_tokens, strict=True)),
             "llama_cpp_note": why,
         }
+        float_decoder = scratch / f"float_genai_{backend}"
+        weights = {name: value.detach().numpy() for name, value in model.named_parameters()}
+        write_folder(float_decoder, getattr(qmodel, SOURCE_CONFIG), weights, QParamTable({}))
+        quantized_decoder = Path(result.artifacts["genai"])
+        for folder in (float_decoder, quantized_decoder):
+            _threads(folder, args.threads)
+        timed_prompt = held[1:2, :TIMED_PROMPT].numpy().astype(np.int32)
+        timing = _timed({"float": float_decoder, backend: quantized_decoder}, timed_prompt, args.repeats)
+        row["genai"] = {
+            "float_decoder_bytes": _size(float_decoder),
+            "float_prefill_ms": timing["float"]["prefill_ms"],
+            "float_decode_tokens_per_s": timing["float"]["decode_tokens_per_s"],
+            "prefill_ms": timing[backend]["prefill_ms"],
+            "decode_tokens_per_s": timing[backend]["decode_tokens_per_s"],
+            "decode_speedup": timing["decode_speedup"],
+            "greedy_equal_to_simulation": sum(
+                a == b
+                for a, b in zip(
+                    timing[backend]["tokens"], _greedy(logits(qmodel), held[1:2, :TIMED_PROMPT], TIMED_NEW), strict=True
+                )
+            ),
+        }
         rows[backend] = row
         del loaded, qmodel
     return rows
@@ -183,6 +269,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--backends", default="llm_w4a16,llm_w8a16")
     parser.add_argument("--llama-python", default=None)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--blocks", type=int, default=None, help="keep the first blocks only (a quick try)")
     args = parser.parse_args()
     rows = run(args)
     float16 = rows["float"]["float16_checkpoint_bytes"]
@@ -230,7 +318,31 @@ def main() -> None:
             ]
         )
     print_table(["SmolLM2-135M", "size", "x fp16", "max weight LSB", "max |logit diff|", "perplexity"], table)
-    path = write_json("llm_serving", {"windows": args.windows, "scheme": SCHEME, "rows": rows})
+    speed = []
+    for backend in args.backends.split(","):
+        timing = rows[backend]["genai"]
+        speed.append(
+            [
+                backend,
+                f"{timing['float_prefill_ms']:.0f} / {timing['prefill_ms']:.0f}",
+                f"{timing['float_decode_tokens_per_s']:.1f} / {timing['decode_tokens_per_s']:.1f}",
+                f"{timing['decode_speedup']:.2f}",
+                f"{timing['greedy_equal_to_simulation']}/{TIMED_NEW}",
+            ]
+        )
+    print()
+    print_table(
+        [
+            f"onnxruntime-genai, {args.threads} threads",
+            f"prefill {TIMED_PROMPT} tokens ms (float / quantized)",
+            "decode tokens/s (float / quantized)",
+            "decode x float",
+            "greedy = simulation",
+        ],
+        speed,
+    )
+    name = "llm_serving" if args.blocks is None else f"llm_serving_{args.blocks}_blocks"
+    path = write_json(name, {"windows": args.windows, "blocks": args.blocks, "scheme": SCHEME, "rows": rows})
     print(f"wrote {path}")
     sys.exit(0 if all(rows[b]["passed"] for b in args.backends.split(",")) else 1)
 

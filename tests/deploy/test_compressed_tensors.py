@@ -223,3 +223,14 @@ def test_a_rotated_model_is_not_written_since_its_architecture_cannot_compute_it
     with pytest.warns(UserWarning, match=r"compressed_tensors: not written, the Hadamard rotation changed the"):
         result = convert_deploy(qmodel, "llm_w4a16", dummy_input={"input_ids": _ids(2)}, output_path=tmp_path)
     assert "compressed_tensors" not in result.artifacts and "matmulnbits_onnx" in result.artifacts
+
+
+def test_a_folder_transformers_cannot_load_is_a_failed_verdict_saying_why(tmp_path):
+    qmodel, result = _deployed(tmp_path, "llm_w4a16", {"group_size": 32})
+    path = Path(result.artifacts["compressed_tensors"]) / "model.safetensors"
+    tensors = safetensors_torch.load_file(str(path))
+    del tensors["model.layers.0.mlp.up_proj.weight_packed"]
+    safetensors_torch.save_file(tensors, str(path), metadata={"format": "pt"})
+    report = verify_deploy(qmodel, result, {"input_ids": _ids(3)}, ["compressed_tensors"], fidelity=False)
+    (failure,) = report.failures()
+    assert failure.startswith("compressed_tensors:") and "transformers did not load the folder" in failure

@@ -348,6 +348,14 @@ def write(context: DeployContext) -> Path | None:
     return folder
 
 
+def _dequantizing(config_class: Any) -> Any:
+    """transformers' compressed-tensors option that decompresses every weight at load: ``dequantize=True`` (5.x),
+    ``run_compressed=False`` (4.x)."""
+    if "dequantize" in inspect.signature(config_class.__init__).parameters:
+        return config_class(dequantize=True)
+    return config_class(run_compressed=False)
+
+
 def _load(folder: str) -> nn.Module:
     """The folder as transformers loads it with compressed-tensors on a CPU: its architecture's class, float32,
     eager attention, every packed weight decompressed at load (``CompressedTensorsConfig(dequantize=True)``)."""
@@ -362,7 +370,7 @@ def _load(folder: str) -> nn.Module:
             output_loading_info=True,
             dtype=torch.float32,
             attn_implementation="eager",
-            quantization_config=transformers.CompressedTensorsConfig(dequantize=True),
+            quantization_config=_dequantizing(transformers.CompressedTensorsConfig),
         )
     problems = {key: list(info.get(key) or ()) for key in ("missing_keys", "unexpected_keys", "mismatched_keys")}
     problems = {key: values[:4] for key, values in problems.items() if values}
@@ -396,7 +404,12 @@ def verify(result: Any, feeds: Mapping[str, np.ndarray], run: Any) -> ArtifactRe
     if missing:
         report.missing = [f"not loaded: {' and '.join(missing)} not installed (pip install compressed-tensors)"]
         return report
-    model = _load(folder)
+    try:
+        model = _load(folder)
+    except Exception as error:  # the consumer's verdict: it does not load the folder
+        first = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        report.missing = [f"transformers did not load the folder ({type(error).__name__}: {first})"]
+        return report
     weights = dict(model.named_parameters())
     exposed = {t: result.dequantized[t] for t in result.table if t in weights and t in result.dequantized}
     values: dict[str, np.ndarray] = {name: weights[t].detach().numpy() for t, name in exposed.items()}

@@ -43,7 +43,7 @@ from mqbench.utils.hf_capture import SOURCE_CONFIG
 if TYPE_CHECKING:
     from mqbench.deploy.context import DeployContext
 
-__all__ = ["KEY", "SUFFIX", "build_decoder", "genai_available", "run_step", "serve", "verify", "write"]
+__all__ = ["KEY", "SUFFIX", "build_decoder", "genai_available", "run_step", "serve", "verify", "write", "write_folder"]
 
 KEY = "genai"
 SUFFIX = "_genai"
@@ -303,10 +303,16 @@ def write(context: DeployContext) -> Path | None:
     if activations:
         return None  # weight-only decoders only
     weights = {n: p.detach().float().numpy() for n, p in module.named_parameters() if "fake_quant" not in n}
-    model = build_decoder(source, weights, context.table)
-    folder = context.folder / f"{context.model_name}{SUFFIX}"
+    return write_folder(context.folder / f"{context.model_name}{SUFFIX}", source, weights, context.table)
+
+
+def write_folder(
+    folder: Path, source: Mapping[str, Any], weights: Mapping[str, np.ndarray], table: QParamTable
+) -> Path:
+    """``folder`` (created) with the decoder of ``weights`` (``table``'s quantized layers as MatMulNBits; an empty
+    table: the float decoder), ``genai_config.json`` and the tokenizer's files of the source's folder."""
     folder.mkdir()
-    save_model(model, folder / "model.onnx")
+    save_model(build_decoder(source, weights, table), folder / "model.onnx")
     (folder / "genai_config.json").write_text(json.dumps(_genai_config(source, "model.onnx"), indent=2) + "\n")
     _copy_tokenizer(source, folder)
     return folder

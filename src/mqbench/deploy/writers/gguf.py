@@ -282,7 +282,12 @@ def verify(result: Any, feeds: Mapping[str, np.ndarray], run: Any) -> ArtifactRe
     if missing:
         report.missing = [f"not loaded: {' and '.join(missing)} not installed (pip install gguf)"]
         return report
-    model = _load(result.artifacts[KEY])
+    try:
+        model = _load(result.artifacts[KEY])
+    except Exception as error:  # the consumer's verdict: it does not load the file
+        first = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        report.missing = [f"transformers did not load the file ({type(error).__name__}: {first})"]
+        return report
     weights = dict(model.named_parameters())
     exposed = {t: result.dequantized[t] for t in result.table if t in weights and t in result.dequantized}
     values: dict[str, np.ndarray] = {name: weights[t].detach().numpy() for t, name in exposed.items()}
