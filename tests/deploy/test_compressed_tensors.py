@@ -26,7 +26,9 @@ quant_config = pytest.importorskip("compressed_tensors.quantization")
 VOCAB = 96
 
 
-def _llama() -> nn.Module:
+def _llama(initializer_range: float = 0.02) -> nn.Module:
+    """A 2-block Llama decoder, tied, random; a larger ``initializer_range`` gives it greedy continuations that do
+    not settle on one token."""
     torch.manual_seed(0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -37,8 +39,9 @@ def _llama() -> nn.Module:
             num_hidden_layers=2,
             num_attention_heads=4,
             num_key_value_heads=2,
-            max_position_embeddings=64,
+            max_position_embeddings=128,
             tie_word_embeddings=True,
+            initializer_range=initializer_range,
         )
         model = transformers.LlamaForCausalLM(config)
     model.config.use_cache = False

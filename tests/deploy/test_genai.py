@@ -23,30 +23,9 @@ from mqbench.utils.state import enable_calibration, enable_quantization
 
 transformers = pytest.importorskip("transformers")
 sys.path.insert(0, str(Path(__file__).parent))
-from test_compressed_tensors import VOCAB, _deployed, _ids  # noqa: E402
+from test_compressed_tensors import VOCAB, _deployed, _ids, _llama  # noqa: E402
 
 NEW_TOKENS = 32
-
-
-def _varied_llama() -> torch.nn.Module:
-    """The tests' decoder with larger random weights: its greedy continuation does not settle on one token."""
-    torch.manual_seed(0)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        config = transformers.LlamaConfig(
-            vocab_size=VOCAB,
-            hidden_size=64,
-            intermediate_size=128,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            max_position_embeddings=128,
-            tie_word_embeddings=True,
-            initializer_range=0.3,
-        )
-        model = transformers.LlamaForCausalLM(config)
-    model.config.use_cache = False
-    return model.eval()
 
 
 def _simulated_greedy(qmodel: torch.nn.Module, prompt: torch.Tensor, count: int) -> list[int]:
@@ -92,7 +71,7 @@ def test_onnxruntime_genai_generates_the_simulations_greedy_tokens(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         qmodel = prepare_by_platform(
-            _varied_llama(),
+            _llama(initializer_range=0.3),
             "llm_w4a16",
             {"example_inputs": {"input_ids": _ids(0)}, "extra_qconfig_dict": {"w_qscheme": {"group_size": 32}}},
         )

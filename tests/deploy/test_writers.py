@@ -673,6 +673,7 @@ def test_every_format_is_one_record_that_verification_can_check():
         "matmulnbits_onnx",
         "compressed_tensors",
         "gguf",
+        "genai",
     }
 
 

@@ -61,6 +61,7 @@ __all__ = [
     "KEY",
     "SUFFIX",
     "integer_levels",
+    "loaded_by_consumer",
     "pack_bits",
     "quantization_config",
     "serve",
@@ -395,6 +396,17 @@ def serve(result: Any) -> Callable[[Mapping[str, np.ndarray]], list[np.ndarray]]
     return lambda feeds: [_logits(model, feeds)]
 
 
+def loaded_by_consumer(load: Callable[[], nn.Module], report: ArtifactReport, what: str) -> nn.Module | None:
+    """``load()``, or None with the reason in ``report.missing`` where the consumer does not load ``what`` (its
+    verdict: a failed verification saying what it said)."""
+    try:
+        return load()
+    except Exception as error:
+        first = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        report.missing = [f"transformers did not load {what} ({type(error).__name__}: {first})"]
+        return None
+
+
 def verify(result: Any, feeds: Mapping[str, np.ndarray], run: Any) -> ArtifactReport:
     """The folder loaded by transformers with compressed-tensors (decompressed on the CPU): each quantized weight
     against the simulation's, and the logits against the simulation's outputs on the same inputs."""
@@ -404,11 +416,8 @@ def verify(result: Any, feeds: Mapping[str, np.ndarray], run: Any) -> ArtifactRe
     if missing:
         report.missing = [f"not loaded: {' and '.join(missing)} not installed (pip install compressed-tensors)"]
         return report
-    try:
-        model = _load(folder)
-    except Exception as error:  # the consumer's verdict: it does not load the folder
-        first = (str(error).strip().splitlines() or [type(error).__name__])[0]
-        report.missing = [f"transformers did not load the folder ({type(error).__name__}: {first})"]
+    model = loaded_by_consumer(lambda: _load(folder), report, "the folder")
+    if model is None:
         return report
     weights = dict(model.named_parameters())
     exposed = {t: result.dequantized[t] for t in result.table if t in weights and t in result.dequantized}

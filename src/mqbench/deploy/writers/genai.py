@@ -34,7 +34,7 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 
 from mqbench.deploy.comparison import ArtifactReport, tensor_diff
-from mqbench.deploy.onnx_graph import save_model
+from mqbench.deploy.onnx_graph import ort_session, save_model
 from mqbench.deploy.writers.compressed_tensors import _copy_tokenizer
 from mqbench.deploy.writers.matmulnbits import DOMAIN, _operands, container_bits, unsupported
 from mqbench.qparams import QParamTable
@@ -319,8 +319,6 @@ def write_folder(
 
 
 def _session(folder: str) -> Any:
-    from mqbench.deploy.onnx_graph import ort_session
-
     return ort_session(str(Path(folder) / "model.onnx"), optimize=False)
 
 

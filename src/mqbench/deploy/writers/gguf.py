@@ -39,7 +39,7 @@ import torch
 from torch import nn
 
 from mqbench.deploy.comparison import ArtifactReport, compare
-from mqbench.deploy.writers.compressed_tensors import integer_levels
+from mqbench.deploy.writers.compressed_tensors import integer_levels, loaded_by_consumer
 from mqbench.qparams import TensorQParams
 from mqbench.utils.hf_capture import SOURCE_CONFIG
 
@@ -282,11 +282,8 @@ def verify(result: Any, feeds: Mapping[str, np.ndarray], run: Any) -> ArtifactRe
     if missing:
         report.missing = [f"not loaded: {' and '.join(missing)} not installed (pip install gguf)"]
         return report
-    try:
-        model = _load(result.artifacts[KEY])
-    except Exception as error:  # the consumer's verdict: it does not load the file
-        first = (str(error).strip().splitlines() or [type(error).__name__])[0]
-        report.missing = [f"transformers did not load the file ({type(error).__name__}: {first})"]
+    model = loaded_by_consumer(lambda: _load(result.artifacts[KEY]), report, "the file")
+    if model is None:
         return report
     weights = dict(model.named_parameters())
     exposed = {t: result.dequantized[t] for t in result.table if t in weights and t in result.dequantized}
