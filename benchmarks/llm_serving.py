@@ -122,13 +122,12 @@ LLAMA_CPP = """
 import json, sys
 from llama_cpp import Llama
 path, prompt, count = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3])
-llm = Llama(model_path=path, n_ctx=256, n_threads=2, verbose=False, logits_all=False)
-llm.eval(prompt)
+llm = Llama(model_path=path, n_ctx=256, n_threads=2, verbose=False)
 out = []
-for _ in range(count):
-    token = int(max(range(llm.n_vocab()), key=lambda i: llm.scores[llm.n_tokens - 1][i]))
-    out.append(token)
-    llm.eval([token])
+for token in llm.generate(prompt, top_k=1, top_p=1.0, min_p=0.0, temp=0.0, repeat_penalty=1.0):
+    out.append(int(token))
+    if len(out) == count:
+        break
 print(json.dumps(out))
 """
 
@@ -260,7 +259,32 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         }
         rows[backend] = row
         del loaded, qmodel
+    rows["scratch"] = str(scratch)
     return rows
+
+
+def llama_cpp_only(args: argparse.Namespace) -> None:
+    """llama.cpp's greedy tokens for the GGUF files an earlier run left in ``--llama-only`` (its scratch folder),
+    against the simulation's tokens that run wrote, written into its JSON."""
+    from mqbench.models.smollm2 import load_smollm2, text_windows
+
+    path = Path(__file__).parent / "results" / "llm_serving.json"
+    payload = json.loads(path.read_text())
+    _, tokenizer = load_smollm2(1)
+    prompt = text_windows(tokenizer, 257, args.windows, held_out=True, seed=1000)[0, :PROMPT_TOKENS].tolist()
+    for backend in args.backends.split(","):
+        greedy = payload["rows"][backend]["greedy"]
+        tokens, why = _llama_cpp(
+            args.llama_python, str(Path(args.llama_only) / backend / "mqbench_qmodel.gguf"), prompt
+        )
+        greedy["llama_cpp"], greedy["llama_cpp_note"] = tokens, why
+        greedy["llama_cpp_equal"] = (
+            None if tokens is None else sum(a == b for a, b in zip(tokens, greedy["simulation"], strict=True))
+        )
+        print(
+            f"{backend}: llama.cpp {greedy['llama_cpp_equal']}/{NEW_TOKENS} greedy tokens equal the simulation's {why}"
+        )
+    path.write_text(json.dumps(payload, indent=2))
 
 
 def main() -> None:
@@ -271,7 +295,11 @@ def main() -> None:
     parser.add_argument("--llama-python", default=None)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--blocks", type=int, default=None, help="keep the first blocks only (a quick try)")
+    parser.add_argument("--llama-only", default=None, help="an earlier run's scratch folder: llama.cpp's tokens only")
     args = parser.parse_args()
+    if args.llama_only:
+        llama_cpp_only(args)
+        return
     rows = run(args)
     float16 = rows["float"]["float16_checkpoint_bytes"]
     table = [
@@ -343,7 +371,7 @@ def main() -> None:
     )
     name = "llm_serving" if args.blocks is None else f"llm_serving_{args.blocks}_blocks"
     path = write_json(name, {"windows": args.windows, "blocks": args.blocks, "scheme": SCHEME, "rows": rows})
-    print(f"wrote {path}")
+    print(f"wrote {path} (the files: {rows['scratch']})")
     sys.exit(0 if all(rows[b]["passed"] for b in args.backends.split(",")) else 1)
 
 
