@@ -35,6 +35,7 @@ def test_the_guide_runs_deploys_and_verifies(capsys, tmp_path, monkeypatch):
     assert "['deploy_onnx', 'matmulnbits_onnx', 'onnx']" in out
     # the serving section: both checkpoints written and verified by their loaders, and loaded as a user would
     assert "served: ['compressed_tensors', 'deploy_onnx', 'genai', 'gguf', 'matmulnbits_onnx', 'onnx'] passed" in out
+    assert re.search(r"FP8 folder: \S*llama_fp8/\S+_compressed_tensors passed", out)
     ids = namespace["ids"]
     with torch.no_grad():
         folder_logits = namespace["folder_model"](ids).logits

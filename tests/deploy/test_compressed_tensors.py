@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +13,7 @@ import pytest
 import torch
 from torch import nn
 
+from mqbench.advanced_ptq import awq, restore_smoothing
 from mqbench.convert_deploy import convert_deploy
 from mqbench.deploy.verify import verify_deploy
 from mqbench.deploy.writers.compressed_tensors import pack_bits
@@ -26,7 +28,7 @@ quant_config = pytest.importorskip("compressed_tensors.quantization")
 VOCAB = 96
 
 
-def _llama(initializer_range: float = 0.02) -> nn.Module:
+def _llama(initializer_range: float = 0.02, attention: str | None = None) -> nn.Module:
     """A 2-block Llama decoder, tied, random; a larger ``initializer_range`` gives it greedy continuations that do
     not settle on one token."""
     torch.manual_seed(0)
@@ -43,6 +45,8 @@ def _llama(initializer_range: float = 0.02) -> nn.Module:
             tie_word_embeddings=True,
             initializer_range=initializer_range,
         )
+        if attention is not None:
+            config._attn_implementation = attention
         model = transformers.LlamaForCausalLM(config)
     model.config.use_cache = False
     return model.eval()
@@ -52,14 +56,25 @@ def _ids(seed: int) -> torch.Tensor:
     return torch.randint(0, VOCAB, (2, 12), generator=torch.Generator().manual_seed(seed))
 
 
-def _deployed(tmp_path: Path, backend: str, scheme: dict | None, heard: list | None = None, **config):
-    """The decoder prepared, calibrated and deployed; the deployment's warnings appended to ``heard``."""
+def _deployed(
+    tmp_path: Path,
+    backend: str,
+    scheme: dict | None,
+    heard: list | None = None,
+    model: nn.Module | None = None,
+    before: Callable[[nn.Module], None] | None = None,
+    **config,
+):
+    """The decoder prepared, calibrated and deployed; the deployment's warnings appended to ``heard``; ``before``
+    changes the prepared model before it is calibrated."""
     options: dict = {"example_inputs": {"input_ids": _ids(0)}, **config}
     if scheme is not None:
         options["extra_qconfig_dict"] = {"w_qscheme": scheme}
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        qmodel = prepare_by_platform(_llama(), backend, options)
+        qmodel = prepare_by_platform(_llama() if model is None else model, backend, options)
+        if before is not None:
+            before(qmodel)
         enable_calibration(qmodel)
         qmodel(_ids(1))
         enable_quantization(qmodel)
@@ -237,3 +252,124 @@ def test_a_folder_transformers_cannot_load_is_a_failed_verdict_saying_why(tmp_pa
     report = verify_deploy(qmodel, result, {"input_ids": _ids(3)}, ["compressed_tensors"], fidelity=False)
     (failure,) = report.failures()
     assert failure.startswith("compressed_tensors:") and "transformers did not load the folder" in failure
+
+
+# -- layers that quantize their inputs too: int-quantized (W8A8) and float-quantized (FP8) --------------------------
+FULL_INT8 = {"extra_qconfig_dict": {"a_qscheme": {"symmetric_range": False}}}  # the runtime's [-128, 127] inputs
+
+
+def _layer_inputs(qmodel: nn.Module, layer: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """The float input of the simulation's ``layer`` (before its input quantizer) and its output, on ``_ids(3)``."""
+    node = next(n for n in qmodel.graph.nodes if n.op == "call_module" and n.target == layer)
+    quantizer = node.args[0]
+    seen: dict[str, torch.Tensor] = {}
+    hooks = [
+        qmodel.get_submodule(str(quantizer.target)).register_forward_pre_hook(
+            lambda _, args: seen.setdefault("x", args[0].detach().clone())
+        ),
+        qmodel.get_submodule(layer).register_forward_hook(lambda *a: seen.setdefault("y", a[2].detach().clone())),
+    ]
+    with torch.no_grad():
+        qmodel(_ids(3))
+    for hook in hooks:
+        hook.remove()
+    return seen["x"], seen["y"]
+
+
+@pytest.mark.parametrize(
+    ("backend", "config", "fmt"),
+    [("tensorrt_nlp", FULL_INT8, "int-quantized"), ("tensorrt_fp8", {}, "float-quantized")],
+)
+def test_a_w8a8_folder_holds_the_weights_and_input_scales_and_transformers_computes_the_simulation(
+    tmp_path, backend, config, fmt
+):
+    qmodel, result = _deployed(tmp_path, backend, None, **config)
+    folder = Path(result.artifacts["compressed_tensors"])
+    quantization = json.loads((folder / "config.json").read_text())["quantization_config"]
+    parsed = quant_config.QuantizationConfig.model_validate(quantization)
+    assert parsed.format == fmt and quantization["ignore"] == ["lm_head"]
+    (group,) = quantization["config_groups"].values()
+    kind = "int" if fmt == "int-quantized" else "float"
+    assert group["weights"]["type"] == kind and group["weights"]["strategy"] == "channel"
+    inputs = group["input_activations"]
+    assert (inputs["type"], inputs["strategy"], inputs["dynamic"], inputs["num_bits"]) == (kind, "tensor", False, 8)
+    tensors = safetensors_torch.load_file(str(folder / "model.safetensors"))
+    assert tensors["model.layers.0.mlp.up_proj.weight"].dtype == (torch.int8 if kind == "int" else torch.float8_e4m3fn)
+    for name, expected in _simulated_weights(qmodel).items():  # q * s, the file's weight, is the simulation's
+        weight = tensors[f"{name}.weight"].float() * tensors[f"{name}.weight_scale"]
+        assert torch.equal(weight, expected), name
+    # one layer computed from the file alone, with the runtime's input rounding written here: the simulation's output
+    x, y = _layer_inputs(qmodel, "model.layers.1.mlp.down_proj")
+    s = tensors["model.layers.1.mlp.down_proj.input_scale"]
+    if kind == "int":
+        x_q = torch.clamp(torch.round(x / s), -128, 127) * s
+    else:
+        x_q = torch.clamp(x / s, -448, 448).to(torch.float8_e4m3fn).float() * s
+    w = tensors["model.layers.1.mlp.down_proj.weight"].float() * tensors["model.layers.1.mlp.down_proj.weight_scale"]
+    torch.testing.assert_close(x_q @ w.T, y, rtol=0, atol=1e-6 * float(y.abs().max()))
+    report = verify_deploy(qmodel, result, {"input_ids": _ids(3)}, ["compressed_tensors"], fidelity=False)
+    art = report.artifacts["compressed_tensors"]
+    assert report.passed, report.failures()
+    assert len(art.per_tensor) == 14 and art.max_lsb_diff == 0
+    (logits,) = art.outputs.values()
+    assert logits.max_abs_diff <= 1e-5 * max(logits.magnitude, 1.0)
+
+
+def test_tensorrt_inputs_on_the_narrow_grid_are_refused_naming_the_setting_that_holds(tmp_path):
+    heard: list[str] = []
+    _, result = _deployed(tmp_path, "tensorrt_nlp", None, heard)  # TensorRT's [-127, 127]
+    (said,) = [line for line in heard if line.startswith("compressed_tensors")]
+    assert "inputs on the grid [-127, 127]" in said and "'symmetric_range': False" in said and "and 5 more" in said
+    assert "compressed_tensors" not in result.artifacts and "calib_cache" in result.artifacts
+
+
+def test_quantized_attention_products_are_refused(tmp_path):
+    heard: list[str] = []
+    _, result = _deployed(tmp_path, "tensorrt_fp8", None, heard, model=_llama(attention="eager"))
+    (said,) = [line for line in heard if line.startswith("compressed_tensors")]
+    assert "the format quantizes the inputs of linear layers only" in said and "matmul" in said
+    assert "compressed_tensors" not in result.artifacts
+
+
+def _smoothed(quantizers: list[str]) -> Callable[[nn.Module], None]:
+    """Per-channel scales in front of the named activation quantizers, as SmoothQuant leaves them."""
+
+    def smooth(qmodel: nn.Module) -> None:
+        generator = torch.Generator().manual_seed(5)
+        saved = {f"{q}_smoothing.scale": 0.5 + 1.5 * torch.rand(64, generator=generator) for q in quantizers}
+        restore_smoothing(qmodel, saved)
+        qmodel.load_state_dict({**qmodel.state_dict(), **saved})
+
+    return smooth
+
+
+def test_input_scales_after_a_norm_are_folded_into_its_gain_and_others_refused(tmp_path):
+    norms = ["model_layers_0_input_layernorm", "model_layers_1_post_attention_layernorm"]
+    folded = _smoothed([f"{n}_post_act_fake_quantizer" for n in norms])
+    qmodel, result = _deployed(tmp_path / "a", "tensorrt_nlp", None, before=folded, **FULL_INT8)
+    tensors = safetensors_torch.load_file(str(Path(result.artifacts["compressed_tensors"]) / "model.safetensors"))
+    scale = qmodel.get_submodule("model_layers_0_input_layernorm_post_act_fake_quantizer_smoothing").scale
+    gain = qmodel.get_submodule("model.layers.0.input_layernorm").weight.detach()
+    torch.testing.assert_close(tensors["model.layers.0.input_layernorm.weight"], gain * scale, rtol=0, atol=0)
+    report = verify_deploy(qmodel, result, {"input_ids": _ids(3)}, ["compressed_tensors"], fidelity=False)
+    assert report.passed, report.failures()
+    heard: list[str] = []
+    unfoldable = _smoothed(["reshape_6_post_act_fake_quantizer"])  # the output projection's input
+    _, result = _deployed(tmp_path / "b", "tensorrt_nlp", None, heard, before=unfoldable, **FULL_INT8)
+    (said,) = [line for line in heard if line.startswith("compressed_tensors")]
+    assert "reshape_6_post_act_fake_quantizer_smoothing" in said and "smooth=False" in said
+    assert "compressed_tensors" not in result.artifacts
+
+
+def test_awq_scales_that_no_norm_takes_are_refused_by_every_checkpoint(tmp_path):
+    heard: list[str] = []
+
+    def scaled(qmodel: nn.Module) -> None:
+        awq(qmodel, [_ids(1)], {"grid": 2, "clip": False})
+
+    _, result = _deployed(tmp_path, "llm_w4a16", {"group_size": 32, "scale_dtype": "float16"}, heard, before=scaled)
+    for key in ("compressed_tensors", "gguf", "genai"):
+        (said,) = [line for line in heard if line.startswith(key)]
+        assert "not after a norm" in said and "awq" in said, said
+        assert key not in result.artifacts
+    assert "matmulnbits_onnx" in result.artifacts

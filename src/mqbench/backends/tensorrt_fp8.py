@@ -7,7 +7,8 @@ run them: residual adds, gates and rotary multiplications stay in the engine's 1
 span the residual stream's range, and 3 mantissa bits there cost a pretrained LLM (SmolLM2-135M) 2.7x its
 perplexity, against +3% with the products' inputs alone.
 Deployed as the Q/DQ ONNX model TensorRT builds FP8 engines from (opset 19); onnxruntime runs its FP8
-QuantizeLinear / DequantizeLinear on the CPU, so verification runs the file itself.
+QuantizeLinear / DequantizeLinear on the CPU, so verification runs the file itself. A Hugging Face model whose
+quantized inputs are all linear layers' also gets the ``float-quantized`` compressed-tensors folder vLLM serves.
 """
 
 from dataclasses import replace
@@ -25,7 +26,7 @@ SPEC = replace(
     activation=QuantizerSpec(QuantScheme(8, symmetric=True, fp8="e4m3"), "FP8FakeQuantize"),
     placement=Placement(inputs_of={"conv", "deconv", "linear", "matmul"}, fused_mul_add=True),
     description="NVIDIA TensorRT, explicit FP8 (E4M3) quantization of the matrix products' inputs",
-    deploy=(),
+    deploy=("compressed_tensors",),
     ptq_recipe=PTQRecipe(),
     float_layers=("lm_head", "embedding"),  # as LLM runtimes serve them; float_layers: [] quantizes them
 )

@@ -7,6 +7,10 @@ outputs near +-200 next to values below 1) that no 8-bit grid holds. ``calibrate
 outliers of linear inputs into the weights (``smooth_linear_inputs``). MQBench's placement, with
 8-bit residual adds, is ``dataclasses.replace(SPEC, placement=Placement(inputs_of={"linear",
 "matmul", "add"}, add_needs_activations=True))``.
+
+A Hugging Face model whose quantized inputs are all linear layers' (attention by ``scaled_dot_product_attention``)
+also gets the ``int-quantized`` compressed-tensors folder vLLM serves, when prepared with the runtime's full int8
+grid for inputs (``extra_qconfig_dict: {"a_qscheme": {"symmetric_range": False}}``).
 """
 
 from dataclasses import replace
@@ -21,7 +25,7 @@ SPEC = replace(
     name="tensorrt_nlp",
     placement=Placement(inputs_of={"linear", "matmul"}),
     description="NVIDIA TensorRT for transformers: Linear and matmul inputs int8, residual adds in float",
-    deploy=("clip_ranges", "calib_cache"),
+    deploy=("clip_ranges", "calib_cache", "compressed_tensors"),
     smooth_linear_inputs=True,
     ptq_recipe=PTQRecipe(),  # clipping the outlier channels of LayerNorm outputs costs more than it gains
     float_layers=("lm_head", "embedding"),  # as LLM runtimes serve them; float_layers: [] quantizes them

@@ -13,6 +13,14 @@ in the ``pack-quantized`` format:
   output channels;
 * ``name.weight_shape``: the weight's ``[out, in]`` as int64.
 
+A layer that quantizes its input too (W8A8, FP8) is stored unpacked: ``int-quantized`` holds ``name.weight`` as
+int8 integers, ``float-quantized`` as FP8 E4M3 values (``cast(clamp(w / s, -448, 448))``), each with
+``name.weight_scale`` per output channel (``[out, 1]``) or per tensor, and ``name.input_scale`` (``[1]``, and
+``name.input_zero_point`` for an asymmetric grid): the static per-tensor scale the runtime quantizes the layer's input
+with, ``clamp(round(x / s) + z, -2**(bits-1), 2**(bits-1) - 1)`` or FP8's cast. Only the inputs of linear layers are
+held, and an int grid only whole (TensorRT's [-127, 127] is not the runtime's [-128, 127]); anything else is
+refused with a warning.
+
 The runtime computes ``weight = (q - z) * scale`` in the dtype of the scales. Scales are stored in the dtype of
 the model's float weights, so that a float32 model's file computes the simulation's weights exactly; an
 asymmetric grid of the simulation (``[0, 2**bits - 1]``) is the signed one shifted by ``2**(bits-1)``, zero points
@@ -25,8 +33,10 @@ weight that is not a linear layer's, a Hadamard rotation that changed the archit
 nothing is written either: the ONNX artifacts still are.
 
 transformers loads the folder with the compressed-tensors package installed; on a CPU, with
-``quantization_config=CompressedTensorsConfig(dequantize=True)`` (verification loads it so), which also reads
-asymmetric zero points (transformers' packed layout does not take them in the packed shape vLLM reads).
+``quantization_config=CompressedTensorsConfig(dequantize=True)`` for weight-only layers (verification loads it so),
+which also reads asymmetric zero points (transformers' packed layout does not take them in the packed shape vLLM
+reads), and with the default ``CompressedTensorsConfig()`` for layers whose inputs are quantized (``dequantize=True``
+would drop the input scales).
 
 Example:
     >>> pack_bits(np.array([[1, 2, 3]], np.int64), 4).tolist()  # element i at bit 4 * i of the row
@@ -50,8 +60,9 @@ import torch
 from torch import nn
 
 from mqbench.deploy.comparison import ArtifactReport, compare
+from mqbench.deploy.writers.hf_checkpoint import hf_checkpoint
 from mqbench.qparams import TensorQParams
-from mqbench.utils.hf_capture import REPLACED_LAYERS, SOURCE_CONFIG
+from mqbench.utils.hf_capture import REPLACED_LAYERS
 
 if TYPE_CHECKING:
     from mqbench.deploy.context import DeployContext
@@ -60,6 +71,7 @@ __all__ = [
     "FORMAT",
     "KEY",
     "SUFFIX",
+    "format_of",
     "integer_levels",
     "loaded_by_consumer",
     "pack_bits",
@@ -203,36 +215,55 @@ def _compressed(
 
 
 def quantization_config(groups: list[tuple[dict[str, Any], list[str]]], ignore: list[str]) -> dict[str, Any]:
-    """``config.json``'s ``quantization_config``: one group per distinct weight scheme, each targeting its layers
-    by name (``Linear`` where one scheme covers every quantized linear layer)."""
+    """``config.json``'s ``quantization_config``: one group per distinct scheme (``weights`` and
+    ``input_activations``), each targeting its layers by name (``Linear`` where one scheme covers every quantized
+    linear layer); the format follows from the schemes (:func:`format_of`)."""
     config_groups = {
-        f"group_{i}": {"targets": targets, "weights": args, "input_activations": None, "output_activations": None}
-        for i, (args, targets) in enumerate(groups)
+        f"group_{i}": {
+            "targets": targets,
+            "weights": group["weights"],
+            "input_activations": group.get("input_activations"),
+            "output_activations": None,
+        }
+        for i, (group, targets) in enumerate(groups)
     }
     return {
         "quant_method": "compressed-tensors",
-        "format": FORMAT,
+        "format": format_of([group for group, _ in groups]),
         "quantization_status": "compressed",
         "config_groups": config_groups,
         "ignore": ignore,
     }
 
 
-def write_safetensors(path: Path, tensors: Mapping[str, np.ndarray], metadata: Mapping[str, str]) -> Path:
+def format_of(groups: list[dict[str, Any]]) -> str:
+    """The compressed-tensors format of a folder's schemes: ``pack-quantized`` for weight-only integers,
+    ``int-quantized`` for integer weights and inputs, ``float-quantized`` for FP8 weights and inputs."""
+    kinds = {(g["weights"]["type"], g.get("input_activations") is not None) for g in groups}
+    if kinds == {("int", False)}:
+        return FORMAT
+    if kinds == {("int", True)}:
+        return "int-quantized"
+    if kinds == {("float", True)}:
+        return "float-quantized"
+    raise ValueError(f"one folder holds one format; these schemes need several: {sorted(kinds)}")
+
+
+def write_safetensors(path: Path, tensors: Mapping[str, Any], metadata: Mapping[str, str]) -> Path:
     """A safetensors file: an 8-byte little-endian header length, the JSON header (dtype, shape, byte offsets per
-    tensor), then the tensors' bytes in order."""
+    tensor), then the tensors' bytes in order. Values are numpy arrays, or torch FP8 E4M3 tensors."""
     header: dict[str, Any] = {"__metadata__": dict(metadata)}
     offset = 0
     arrays = []
     for name, value in tensors.items():
-        array = np.ascontiguousarray(value)
-        if array.dtype not in _SAFETENSORS_DTYPES:
-            raise ValueError(f"{name}: dtype {array.dtype} is not written")
-        header[name] = {
-            "dtype": _SAFETENSORS_DTYPES[array.dtype],
-            "shape": list(array.shape),
-            "data_offsets": [offset, offset + array.nbytes],
-        }
+        if isinstance(value, torch.Tensor) and value.dtype == torch.float8_e4m3fn:
+            dtype, array = "F8_E4M3", np.ascontiguousarray(value.contiguous().view(torch.uint8).numpy())
+        else:
+            array = np.ascontiguousarray(value)
+            if array.dtype not in _SAFETENSORS_DTYPES:
+                raise ValueError(f"{name}: dtype {array.dtype} is not written")
+            dtype = _SAFETENSORS_DTYPES[array.dtype]
+        header[name] = {"dtype": dtype, "shape": list(array.shape), "data_offsets": [offset, offset + array.nbytes]}
         offset += array.nbytes
         arrays.append(array)
     text = json.dumps(header, separators=(",", ":")).encode()
@@ -264,23 +295,125 @@ def _copy_tokenizer(config: Mapping[str, Any], folder: Path) -> list[str]:
     return copied
 
 
+def _input_schemes(
+    module: nn.Module, table: Any
+) -> tuple[dict[str, tuple[dict[str, Any], TensorQParams]], list[tuple[str, str]]]:
+    """Per linear layer whose input the simulation quantizes: the compressed-tensors input arguments and the
+    entry; and what the format cannot hold, as (tensor, why): an activation quantizer read by anything but a
+    linear layer's input, a grid the format does not have."""
+    modules = dict(module.named_modules())
+    calls: dict[str, list[torch.fx.Node]] = {}
+    if isinstance(module, torch.fx.GraphModule):
+        for node in module.graph.nodes:
+            if node.op == "call_module":
+                calls.setdefault(str(node.target), []).append(node)
+    inputs: dict[str, tuple[dict[str, Any], TensorQParams]] = {}
+    refused = []
+    for tensor, entry in table.items():
+        if entry.kind == "weight":
+            continue
+        args, why = _activation_scheme(entry)
+        if args is not None:
+            why = ""
+        readers = [(call, user) for call in calls.get(entry.quantizer, []) for user in call.users]
+        others = [
+            user.name
+            for call, user in readers
+            if user.op != "call_module"
+            or not isinstance(modules.get(str(user.target)), nn.Linear)
+            or user.args[0] is not call
+        ]
+        if others or not readers:
+            where = f"a quantizer read by {others[0]}" if others else "a quantizer the graph does not show"
+            why = f"{where} (the format quantizes the inputs of linear layers only)"
+        if why:
+            refused.append((tensor, why))
+        elif args is not None:
+            inputs.update((str(user.target), (args, entry)) for _, user in readers)
+    return inputs, refused
+
+
+def _activation_scheme(entry: TensorQParams) -> tuple[dict[str, Any] | None, str]:
+    """The compressed-tensors ``input_activations`` that hold a per-tensor activation quantizer, or why not."""
+    if entry.axis is not None or entry.group_size is not None:
+        return None, "an activation scale per channel (the format's static input scales are per tensor)"
+    if entry.grid == "fp8_e4m3":
+        return {"num_bits": 8, "type": "float", "symmetric": True, "strategy": "tensor", "dynamic": False}, ""
+    if entry.grid != "linear":
+        return None, f"a {entry.grid} grid (the format holds integers and FP8 E4M3)"
+    bits = entry.bits
+    symmetric = bool(np.all(entry.zero_point == 0)) and entry.quant_min < 0
+    if entry.quant_min < 0 and (entry.quant_min, entry.quant_max) != (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1):
+        return None, (
+            f"inputs on the grid [{entry.quant_min}, {entry.quant_max}] (the runtime rounds inputs onto "
+            f"[{-(2 ** (bits - 1))}, {2 ** (bits - 1) - 1}], which differs where an input passes the calibrated "
+            "range; prepare with extra_qconfig_dict {'a_qscheme': {'symmetric_range': False}} for this checkpoint)"
+        )
+    if entry.quant_min >= 0 and (entry.quant_min, entry.quant_max) != (0, 2**bits - 1):
+        return None, f"the grid [{entry.quant_min}, {entry.quant_max}] (an unsigned grid must be [0, {2**bits - 1}])"
+    return {"num_bits": bits, "type": "int", "symmetric": symmetric, "strategy": "tensor", "dynamic": False}, ""
+
+
+def _fp8_scheme(entry: TensorQParams, shape: tuple[int, ...]) -> tuple[dict[str, Any] | None, str]:
+    """The compressed-tensors weight arguments of an FP8 E4M3 weight, or why not."""
+    if len(shape) != 2:
+        return None, f"a weight of shape {list(shape)} (the format holds linear layers' 2-D weights)"
+    if entry.grid != "fp8_e4m3":
+        return None, f"a {entry.grid} grid (float-quantized holds FP8 E4M3)"
+    if entry.group_size is not None or entry.axis not in (None, 0):
+        return None, "FP8 scales other than per output channel or per tensor"
+    strategy = "tensor" if entry.axis is None else "channel"
+    return {"num_bits": 8, "type": "float", "symmetric": True, "strategy": strategy, "dynamic": False}, ""
+
+
+def _scale_shape(args: Mapping[str, Any], out: int) -> tuple[int, ...]:
+    return (out, 1) if args["strategy"] == "channel" else (1,)
+
+
+def _unpacked(name: str, entry: TensorQParams, weight: np.ndarray, args: Mapping[str, Any], dtype: np.dtype) -> dict:
+    """The tensors of one layer in ``int-quantized`` (int8 integers) or ``float-quantized`` (FP8 E4M3 values)."""
+    out = weight.shape[0]
+    scale = np.asarray(entry.scale.reshape(_scale_shape(args, out)), dtype)
+    tensors: dict[str, Any] = {f"{name}.weight_scale": scale}
+    if args["type"] == "float":
+        fp8 = torch.clamp(torch.from_numpy(weight) / torch.from_numpy(scale.astype(np.float32)), -448.0, 448.0)
+        tensors[f"{name}.weight"] = fp8.to(torch.float8_e4m3fn)
+        return tensors
+    shift = 2 ** (entry.bits - 1) if entry.quant_min >= 0 else 0  # an unsigned grid is the signed one shifted
+    tensors[f"{name}.weight"] = (integer_levels(entry, weight) - shift).astype(np.int8)
+    if not args["symmetric"]:
+        zero = entry.zero_point.astype(np.int64).reshape(_scale_shape(args, out)) - shift
+        tensors[f"{name}.weight_zero_point"] = zero.astype(np.int8)
+    return tensors
+
+
+def _input_tensors(name: str, entry: TensorQParams, args: Mapping[str, Any], dtype: np.dtype) -> dict:
+    tensors: dict[str, Any] = {f"{name}.input_scale": np.asarray(entry.scale.reshape(1), dtype)}
+    if not args["symmetric"]:
+        shift = 2 ** (entry.bits - 1) if entry.quant_min >= 0 else 0
+        tensors[f"{name}.input_zero_point"] = (entry.zero_point.astype(np.int64).reshape(1) - shift).astype(np.int8)
+    return tensors
+
+
+def _reasons(refused: list[tuple[str, str]]) -> str:
+    """What the format cannot hold, one clause per reason, naming the first tensors of each."""
+    by_reason: dict[str, list[str]] = {}
+    for tensor, why in refused:
+        by_reason.setdefault(why, []).append(tensor)
+    clauses = [
+        f"{why}: {', '.join(tensors[:3])}{f' and {len(tensors) - 3} more' if len(tensors) > 3 else ''}"
+        for why, tensors in by_reason.items()
+    ]
+    return "; ".join(clauses)
+
+
 def write(context: DeployContext) -> Path | None:
     """``{model_name}_compressed_tensors/``: ``config.json`` and ``model.safetensors`` (see the module docstring);
     None (nothing written) for a model that is not a Hugging Face model or a quantization the format cannot hold."""
-    module = context.module
-    source = getattr(module, SOURCE_CONFIG, None) if module is not None else None
-    if module is None or not isinstance(source, Mapping):
+    checkpoint = hf_checkpoint(context, KEY)
+    if checkpoint is None:
         return None
-    rotation = module.meta.get("rotation") if isinstance(module, torch.fx.GraphModule) else None
-    if rotation and (rotation.get("online") or rotation.get("streams")):
-        changed = [*rotation.get("online", ()), *(n for s in rotation.get("streams", ()) for n in s["norms"])]
-        warnings.warn(
-            f"{KEY}: not written, the Hadamard rotation changed the architecture ({len(changed)} layer(s): inputs "
-            f"rotated online, norms without their gains, e.g. {', '.join(changed[:3])}), which a "
-            f"{source.get('architectures', ['Hugging Face'])[0]} checkpoint cannot compute; the ONNX artifacts hold it",
-            stacklevel=3,
-        )
-        return None
+    module, source = checkpoint.module, checkpoint.config
     if source.get(REPLACED_LAYERS):
         warnings.warn(
             f"{KEY}: not written, {source[REPLACED_LAYERS]} of the model's layers are not nn.Linear in its "
@@ -289,52 +422,74 @@ def write(context: DeployContext) -> Path | None:
             stacklevel=3,
         )
         return None
-    params = dict(module.named_parameters(remove_duplicate=False))
+    params = checkpoint.weights
     dtype = _float_dtype(module)
-    compressed: dict[str, np.ndarray] = {}
+    inputs, refused = _input_schemes(module, context.table)
+    compressed: dict[str, Any] = {}
     schemes: dict[str, tuple[dict[str, Any], list[str]]] = {}
-    refused: list[str] = []
     quantized: set[str] = set()
     for tensor, entry in context.table.items():
         if entry.kind != "weight":
-            refused.append(f"{tensor}: activations are quantized (this format holds weight-only layers)")
             continue
         owner, _, leaf = tensor.rpartition(".")
         parameter = params.get(tensor)
         linear = isinstance(module.get_submodule(owner), nn.Linear) if parameter is not None and owner else False
         if parameter is None or leaf != "weight" or not linear:
-            refused.append(f"{tensor}: not the weight of a linear layer of the model")
+            refused.append((tensor, "not the weight of a linear layer of the model"))
             continue
-        weight = parameter.detach().float().numpy()
-        args, why = _scheme(entry, weight.shape)
+        weight = parameter.float().numpy()
+        fp8 = entry.grid == "fp8_e4m3"
+        args, why = _fp8_scheme(entry, weight.shape) if fp8 else _scheme(entry, weight.shape)
         if args is None:
-            refused.append(f"{tensor}: {why}")
+            refused.append((tensor, why))
             continue
-        compressed.update(_compressed(owner, entry, weight, args, dtype))
-        schemes.setdefault(json.dumps(args, sort_keys=True), (args, []))[1].append(owner)
+        activations = inputs.get(owner)
+        if inputs and activations is None:
+            refused.append((tensor, "its layer's input is float while other layers' inputs are quantized"))
+            continue
+        if activations is not None and activations[0]["type"] != args["type"]:
+            refused.append((tensor, f"{args['type']} weights with {activations[0]['type']} inputs"))
+            continue
+        if activations is None and fp8:
+            refused.append((tensor, "FP8 weights with float inputs (the format's FP8 layers quantize inputs)"))
+            continue
+        if activations is None:
+            compressed.update(_compressed(owner, entry, weight, args, dtype))
+        else:
+            if args.get("strategy") == "group":
+                refused.append((tensor, "groups with quantized inputs (int-quantized holds channels or tensors)"))
+                continue
+            compressed.update(_unpacked(owner, entry, weight, args, dtype))
+            compressed.update(_input_tensors(owner, activations[1], activations[0], dtype))
+        group = {"weights": args, "input_activations": activations[0] if activations else None}
+        schemes.setdefault(json.dumps(group, sort_keys=True), (group, []))[1].append(owner)
         quantized.add(tensor)
     if refused or not quantized:
         if refused:
-            shown = "; ".join(refused[:4]) + (f"; and {len(refused) - 4} more" if len(refused) > 4 else "")
-            warnings.warn(f"{KEY}: not written, the format cannot hold the quantization of {shown}", stacklevel=3)
+            warnings.warn(f"{KEY}: not written, the format cannot hold {_reasons(refused)}", stacklevel=3)
         return None
     linears = [name for name, m in module.named_modules() if isinstance(m, nn.Linear)]
     ignore = [name for name in linears if f"{name}.weight" not in quantized]
     groups = list(schemes.values())
     if len(groups) == 1:
         groups = [(groups[0][0], ["Linear"])]
+    try:
+        format_of([group for group, _ in groups])
+    except ValueError as error:
+        warnings.warn(f"{KEY}: not written, {error}", stacklevel=3)
+        return None
     config = {key: value for key, value in source.items() if key != "_name_or_path" and not key.startswith("mqbench_")}
     tied = bool(config.get("tie_word_embeddings", False))
-    tensors: dict[str, np.ndarray] = {}
+    tensors: dict[str, Any] = {}
     seen: dict[int, str] = {}
     for name, parameter in params.items():
-        if name in quantized or ".weight_fake_quant." in name or "_fake_quantizer." in name:
+        if name in quantized:
             continue
-        key = parameter.data_ptr()
+        key = module.get_parameter(name).data_ptr()
         if key in seen and tied:  # a tied output layer is the embedding: the runtime ties it again
             continue
         seen.setdefault(key, name)
-        tensors[name] = parameter.detach().numpy().astype(dtype, copy=False)
+        tensors[name] = parameter.numpy().astype(dtype, copy=False)
     if tied and any(f"{name}.weight" in quantized for name in linears if name.endswith("lm_head")):
         config["tie_word_embeddings"] = False  # a quantized output layer is no longer the float embedding
     tensors.update(compressed)
@@ -349,21 +504,24 @@ def write(context: DeployContext) -> Path | None:
     return folder
 
 
-def _dequantizing(config_class: Any) -> Any:
-    """transformers' compressed-tensors option that decompresses every weight at load: ``dequantize=True`` (5.x),
-    ``run_compressed=False`` (4.x)."""
+def _dequantizing(config_class: Any, activations: bool = False) -> Any:
+    """transformers' compressed-tensors option that computes a folder on a CPU: for weight-only layers, every weight
+    decompressed at load (``dequantize=True`` in 5.x, ``run_compressed=False`` in 4.x); for layers that quantize
+    their inputs too, the quantized model compressed-tensors builds (``dequantize=False`` in 5.x, ``dequantize=True``
+    would load a float model that drops the input scales), which quantizes each input with its stored scale."""
     if "dequantize" in inspect.signature(config_class.__init__).parameters:
-        return config_class(dequantize=True)
+        return config_class(dequantize=not activations)
     return config_class(run_compressed=False)
 
 
 def _load(folder: str) -> nn.Module:
     """The folder as transformers loads it with compressed-tensors on a CPU: its architecture's class, float32,
-    eager attention, every packed weight decompressed at load (``CompressedTensorsConfig(dequantize=True)``)."""
+    eager attention, with the option of :func:`_dequantizing`."""
     import transformers
 
     config = json.loads((Path(folder) / "config.json").read_text())
     architecture = getattr(transformers, config["architectures"][0])
+    activations = config.get("quantization_config", {}).get("format") != FORMAT
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model, info = architecture.from_pretrained(
@@ -371,7 +529,7 @@ def _load(folder: str) -> nn.Module:
             output_loading_info=True,
             dtype=torch.float32,
             attn_implementation="eager",
-            quantization_config=_dequantizing(transformers.CompressedTensorsConfig),
+            quantization_config=_dequantizing(transformers.CompressedTensorsConfig, activations),
         )
     problems = {key: list(info.get(key) or ()) for key in ("missing_keys", "unexpected_keys", "mismatched_keys")}
     problems = {key: values[:4] for key, values in problems.items() if values}
@@ -419,9 +577,10 @@ def verify(result: Any, feeds: Mapping[str, np.ndarray], run: Any) -> ArtifactRe
     model = loaded_by_consumer(lambda: _load(folder), report, "the folder")
     if model is None:
         return report
+    values: dict[str, np.ndarray] = {}
+    if result.output_names:  # first: compressed-tensors decompresses an activation-quantized model as it runs
+        values[result.output_names[0]] = _logits(model, feeds)
     weights = dict(model.named_parameters())
     exposed = {t: result.dequantized[t] for t in result.table if t in weights and t in result.dequantized}
-    values: dict[str, np.ndarray] = {name: weights[t].detach().numpy() for t, name in exposed.items()}
-    if result.output_names:
-        values[result.output_names[0]] = _logits(model, feeds)
+    values.update({name: weights[t].detach().float().numpy() for t, name in exposed.items()})
     return compare(report, values, result.table, exposed, run, result.output_names[:1])

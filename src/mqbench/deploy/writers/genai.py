@@ -21,9 +21,7 @@ embedding); another model gets no folder, and a rotated model (its inputs rotate
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -36,14 +34,14 @@ from onnx import TensorProto, helper, numpy_helper
 from mqbench.deploy.comparison import ArtifactReport, tensor_diff
 from mqbench.deploy.onnx_graph import ort_session, save_model
 from mqbench.deploy.writers.compressed_tensors import _copy_tokenizer
+from mqbench.deploy.writers.hf_checkpoint import hf_checkpoint
 from mqbench.deploy.writers.matmulnbits import DOMAIN, _operands, container_bits, unsupported
 from mqbench.qparams import QParamTable
-from mqbench.utils.hf_capture import SOURCE_CONFIG
 
 if TYPE_CHECKING:
     from mqbench.deploy.context import DeployContext
 
-__all__ = ["KEY", "SUFFIX", "build_decoder", "genai_available", "run_step", "serve", "verify", "write", "write_folder"]
+__all__ = ["KEY", "SUFFIX", "build_decoder", "run_step", "serve", "verify", "write", "write_folder"]
 
 KEY = "genai"
 SUFFIX = "_genai"
@@ -284,25 +282,17 @@ def _genai_config(source: Mapping[str, Any], filename: str) -> dict[str, Any]:
 def write(context: DeployContext) -> Path | None:
     """``{model_name}_genai/`` (``model.onnx``, ``genai_config.json``); None for a model that is not a plain
     Llama-architecture Hugging Face model (a rotated one with a warning)."""
-    module = context.module
-    source = getattr(module, SOURCE_CONFIG, None) if module is not None else None
-    if module is None or not isinstance(source, Mapping) or source.get("model_type") != "llama":
+    checkpoint = hf_checkpoint(context, KEY, ("llama",))
+    if checkpoint is None:
         return None
+    source = checkpoint.config
     rope = source.get("rope_parameters") or source.get("rope_scaling") or {}
     if rope.get("rope_type", "default") != "default" or source.get("attention_bias") or source.get("mlp_bias"):
-        return None
-    rotation = module.meta.get("rotation") if isinstance(module, torch.fx.GraphModule) else None
-    if rotation and (rotation.get("online") or rotation.get("streams")):
-        warnings.warn(
-            f"{KEY}: not written, the Hadamard rotation changed the architecture (inputs rotated online, norms "
-            "without gains), which this decoder does not compute; the ONNX artifacts hold it",
-            stacklevel=3,
-        )
         return None
     activations = [tensor for tensor, entry in context.table.items() if entry.kind != "weight"]
     if activations:
         return None  # weight-only decoders only
-    weights = {n: p.detach().float().numpy() for n, p in module.named_parameters() if "fake_quant" not in n}
+    weights = {name: value.float().numpy() for name, value in checkpoint.weights.items()}
     return write_folder(context.folder / f"{context.model_name}{SUFFIX}", source, weights, context.table)
 
 
@@ -365,8 +355,3 @@ def serve(result: Any) -> Any:
     config = json.loads((Path(folder) / "genai_config.json").read_text())
     session = _session(folder)
     return lambda feeds: [run_step(session, config, np.asarray(feeds["input_ids"]), None)[0]]
-
-
-def genai_available() -> bool:
-    """onnxruntime-genai is installed (the generation check and the serving benchmark use it)."""
-    return importlib.util.find_spec("onnxruntime_genai") is not None

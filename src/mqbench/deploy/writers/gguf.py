@@ -40,8 +40,8 @@ from torch import nn
 
 from mqbench.deploy.comparison import ArtifactReport, compare
 from mqbench.deploy.writers.compressed_tensors import integer_levels, loaded_by_consumer
+from mqbench.deploy.writers.hf_checkpoint import hf_checkpoint
 from mqbench.qparams import TensorQParams
-from mqbench.utils.hf_capture import SOURCE_CONFIG
 
 if TYPE_CHECKING:
     from mqbench.deploy.context import DeployContext
@@ -158,34 +158,28 @@ def _refuse(why: str) -> None:
 def write(context: DeployContext) -> Path | None:
     """``{model_name}.gguf`` (see the module docstring); None where the model is not a Llama-architecture Hugging
     Face model, or (with a warning naming what GGUF holds) its quantization is not one GGUF stores exactly."""
-    module = context.module
-    source = getattr(module, SOURCE_CONFIG, None) if module is not None else None
-    if module is None or not isinstance(source, Mapping) or source.get("model_type") not in ARCHITECTURES:
+    checkpoint = hf_checkpoint(context, KEY, tuple(ARCHITECTURES))
+    if checkpoint is None:
         return None
+    source = checkpoint.config
     if importlib.util.find_spec("gguf") is None:
         _refuse("the gguf package is not installed (pip install gguf, or mqbench[llm])")
         return None
     import gguf
 
-    rotation = module.meta.get("rotation") if isinstance(module, torch.fx.GraphModule) else None
-    if rotation and (rotation.get("online") or rotation.get("streams")):
-        _refuse("the Hadamard rotation changed the architecture (inputs rotated online, norms without gains)")
-        return None
     rope = source.get("rope_parameters") or source.get("rope_scaling") or {}
     if rope.get("rope_type", "default") != "default" or source.get("attention_bias") or source.get("mlp_bias"):
         _refuse("the model's rotary scaling or biases are not written here (plain Llama models are)")
         return None
     heads, kv_heads = int(source["num_attention_heads"]), int(source.get("num_key_value_heads") or 0)
     kv_heads = kv_heads or heads
-    params = dict(module.named_parameters(remove_duplicate=False))
+    params = checkpoint.weights
     tied = bool(source.get("tie_word_embeddings", False))
     tensors: list[tuple[str, np.ndarray, Any]] = []
     kinds: set[str] = set()
     refused: list[str] = []
     seen: set[int] = set()
     for name, parameter in params.items():
-        if ".weight_fake_quant." in name or "_fake_quantizer." in name:
-            continue
         target = gguf_name(name)
         if target is None:
             refused.append(f"{name}: not a tensor of GGUF's llama architecture")
