@@ -20,8 +20,14 @@ compressed-tensors folder and the GGUF file; the table gives:
   llama.cpp from the GGUF file against the simulation's greedy tokens (llama.cpp multiplies Q4_0 / Q8_0 weights
   with activations it rounds to 8 bits, the simulation keeps them float: the count of equal tokens is reported).
 
+Then the folders of layers that quantize their inputs too (``--activation-backends``): W8A8 (``tensorrt_nlp``
+prepared with the runtime's full int8 input grid, ``int-quantized``) and FP8 (``tensorrt_fp8``, ``float-quantized``),
+calibrated on 8 windows of 256 training tokens, W8A8 without SmoothQuant and with it on the norms' outputs only
+(``calibrate(smooth="after_norm")``: the scales the folder holds, in the norms' gains): size, verification, and the
+perplexity of the simulation and of transformers' model loaded from the folder.
+
 Run: .venv/bin/python benchmarks/llm_serving.py [--windows 8] [--llama-python /tmp/llamavenv/bin/python]
-Writes benchmarks/results/llm_serving.json.
+[--activation-only] Writes benchmarks/results/llm_serving.json (``--activation-only`` keeps its weight-only rows).
 """
 
 from __future__ import annotations
@@ -39,7 +45,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from _timing import print_table, write_json
+from _timing import RESULTS, print_table, write_json
 
 SCHEME = {"group_size": 32, "scale_dtype": "float16"}
 PROMPT_TOKENS, NEW_TOKENS = 32, 32
@@ -263,6 +269,77 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return rows
 
 
+FULL_INT8 = {"extra_qconfig_dict": {"a_qscheme": {"symmetric_range": False}}}  # the runtime's int8 input grid
+ACTIVATION_BACKENDS: dict[str, tuple[str, dict[str, Any], bool | str]] = {  # row -> backend, options, smooth
+    "tensorrt_nlp": ("tensorrt_nlp", FULL_INT8, False),
+    "tensorrt_nlp_smoothed": ("tensorrt_nlp", FULL_INT8, "after_norm"),  # SmoothQuant on the norms' outputs
+    "tensorrt_fp8": ("tensorrt_fp8", {}, False),
+}
+
+
+def run_activation_quantized(args: argparse.Namespace) -> dict[str, Any]:
+    """W8A8 (``tensorrt_nlp``, int8) and FP8 (``tensorrt_fp8``) folders of SmolLM2: the linear layers' inputs
+    quantized with static per-tensor scales from ``calibrate`` (SmoothQuant off, or on the norms' outputs only: its
+    scales in front of the output and down projections have no place in the checkpoint), attention by
+    scaled_dot_product_attention (float, as the folder's runtime computes it)."""
+    from mqbench.advanced_ptq import calibrate
+    from mqbench.convert_deploy import convert_deploy
+    from mqbench.deploy.verify import verify_deploy
+    from mqbench.deploy.writers.compressed_tensors import _load as load_folder
+    from mqbench.models.decoder import window_perplexity
+    from mqbench.models.smollm2 import load_smollm2, text_windows
+    from mqbench.prepare_by_platform import prepare_by_platform
+
+    torch.set_num_threads(args.threads)
+    model, tokenizer = load_smollm2(args.blocks)
+    model.set_attn_implementation("sdpa")  # attention's products float, as the folder's runtime computes them
+    held = text_windows(tokenizer, 257, args.windows, held_out=True, seed=1000)
+    calibration = text_windows(tokenizer, 256, 8, held_out=False, seed=7)
+    batches = list(held.split(4))
+    logits = lambda m: lambda ids: m(input_ids=ids).logits  # noqa: E731
+    scratch = Path(tempfile.mkdtemp(prefix="llm_serving_w8a8_"))
+    rows: dict[str, Any] = {"float_perplexity": window_perplexity(logits(model), batches)}
+    for row_name in [b for b in args.activation_backends.split(",") if b]:
+        backend, prepare_options, smooth = ACTIVATION_BACKENDS[row_name]
+        started = time.perf_counter()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            options = {"example_inputs": {"input_ids": held[:1, :32]}, **prepare_options}
+            qmodel = prepare_by_platform(model, backend, options)
+            calibrate(qmodel, [{"input_ids": w} for w in calibration.split(2)], smooth=smooth)
+            calibrated = time.perf_counter() - started
+            sample = {"input_ids": held[:2, :32]}
+            started = time.perf_counter()
+            result = convert_deploy(qmodel, backend, dummy_input=sample, output_path=scratch / row_name)
+            deployed = time.perf_counter() - started
+            started = time.perf_counter()
+            report = verify_deploy(qmodel, result, sample, ["compressed_tensors"], fidelity=False)
+            verified = time.perf_counter() - started
+            folder = result.artifacts["compressed_tensors"]
+            served = load_folder(folder)
+        art = report.artifacts["compressed_tensors"]
+        config = json.loads((Path(folder) / "config.json").read_text())["quantization_config"]
+        rows[row_name] = {
+            "backend": backend,
+            "smooth": smooth,
+            "format": config["format"],
+            "calibrate_s": calibrated,
+            "deploy_s": deployed,
+            "verify_s": verified,
+            "passed": report.passed,
+            "failures": report.failures(),
+            "bytes": _size(folder),
+            "max_weight_lsb": art.max_lsb_diff,
+            "weights_checked": len(art.per_tensor),
+            "logits_max_abs_diff": max((d.max_abs_diff for d in art.outputs.values()), default=None),
+            "simulation_perplexity": window_perplexity(logits(qmodel), batches),
+            "loader_perplexity": window_perplexity(logits(served), batches),
+        }
+        del qmodel, served
+    rows["scratch"] = str(scratch)
+    return rows
+
+
 def llama_cpp_only(args: argparse.Namespace) -> None:
     """llama.cpp's greedy tokens for the GGUF files an earlier run left in ``--llama-only`` (its scratch folder),
     against the simulation's tokens that run wrote, written into its JSON."""
@@ -296,10 +373,65 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--blocks", type=int, default=None, help="keep the first blocks only (a quick try)")
     parser.add_argument("--llama-only", default=None, help="an earlier run's scratch folder: llama.cpp's tokens only")
+    parser.add_argument(
+        "--activation-backends",
+        default=",".join(ACTIVATION_BACKENDS),
+        help="the W8A8 / FP8 folders measured ('' for none)",
+    )
+    parser.add_argument(
+        "--activation-only", action="store_true", help="measure the W8A8 / FP8 folders only, kept beside the JSON's"
+    )
     args = parser.parse_args()
     if args.llama_only:
         llama_cpp_only(args)
         return
+    name = "llm_serving" if args.blocks is None else f"llm_serving_{args.blocks}_blocks"
+    activation = run_activation_quantized(args) if args.activation_backends else {}
+    if activation:
+        float16 = None
+        earlier = RESULTS / f"{name}.json"
+        if earlier.is_file():
+            float16 = json.loads(earlier.read_text())["rows"].get("float", {}).get("float16_checkpoint_bytes")
+        table = [["float", "-", "-", "-", "-", "-", f"{activation['float_perplexity']:.3f}", "-"]]
+        for backend in [b for b in args.activation_backends.split(",") if b]:
+            row = activation[backend]
+            table.append(
+                [
+                    backend,
+                    row["format"],
+                    f"{row['bytes'] / 2**20:.1f} MiB",
+                    "-" if float16 is None else f"{row['bytes'] / float16:.2f}",
+                    f"{row['max_weight_lsb']:g} ({row['weights_checked']} weights)",
+                    f"{row['logits_max_abs_diff']:.2g}",
+                    f"{row['simulation_perplexity']:.3f} / {row['loader_perplexity']:.3f}",
+                    "passed" if row["passed"] else "FAILED",
+                ]
+            )
+        print_table(
+            [
+                "SmolLM2-135M, inputs quantized",
+                "format",
+                "size",
+                "x fp16",
+                "max weight LSB",
+                "max |logit diff|",
+                "perplexity (simulation / transformers)",
+                "verify",
+            ],
+            table,
+        )
+        print()
+    if args.activation_only:
+        earlier = RESULTS / f"{name}.json"
+        payload = json.loads(earlier.read_text()) if earlier.is_file() else {"rows": {}}
+        payload["activation_quantized"] = activation
+        payload.pop("machine", None)
+        host = payload.pop("host", None)
+        path = write_json(name, payload)
+        if host is not None and host != json.loads(path.read_text())["host"]:
+            print("note: the weight-only rows were measured on another host:", host)
+        print(f"wrote {path}")
+        sys.exit(0 if all(activation[b]["passed"] for b in args.activation_backends.split(",") if b) else 1)
     rows = run(args)
     float16 = rows["float"]["float16_checkpoint_bytes"]
     table = [
@@ -369,10 +501,13 @@ def main() -> None:
         ],
         speed,
     )
-    name = "llm_serving" if args.blocks is None else f"llm_serving_{args.blocks}_blocks"
-    path = write_json(name, {"windows": args.windows, "blocks": args.blocks, "scheme": SCHEME, "rows": rows})
+    payload = {"windows": args.windows, "blocks": args.blocks, "scheme": SCHEME, "rows": rows}
+    path = write_json(name, {**payload, "activation_quantized": activation})
     print(f"wrote {path} (the files: {rows['scratch']})")
-    sys.exit(0 if all(rows[b]["passed"] for b in args.backends.split(",")) else 1)
+    passed = all(rows[b]["passed"] for b in args.backends.split(",")) and all(
+        activation[b]["passed"] for b in args.activation_backends.split(",") if b
+    )
+    sys.exit(0 if passed else 1)
 
 
 if __name__ == "__main__":

@@ -59,7 +59,7 @@ def test_the_guide_runs_deploys_and_verifies(capsys, tmp_path, monkeypatch):
 
 
 def test_the_guide_s_command_line_configurations_are_valid():
-    decoder, causal_lm = re.findall(r"```yaml\n(.*?)```", DOC.read_text(), flags=re.S)
+    decoder, causal_lm, served = re.findall(r"```yaml\n(.*?)```", DOC.read_text(), flags=re.S)
     config = parse_config(yaml.safe_load(decoder), "llm_quantization.md")
     quantize = config["quantize"]
     assert (quantize["quantize_type"], quantize["algorithm"], quantize["rotation"]) == ("weight_only", "gptq", {})
@@ -70,3 +70,5 @@ def test_the_guide_s_command_line_configurations_are_valid():
         "language_model",
         256,
     )
+    config = parse_config(yaml.safe_load(served), "llm_quantization.md")  # the W8A8 folder vLLM serves
+    assert (config["quantize"]["smooth"], config["model"]["kwargs"]) == ("after_norm", {"attn_implementation": "sdpa"})

@@ -166,6 +166,26 @@ def test_w8a8_with_the_rotation_on_a_causal_lm(corpus, tmp_path):
     assert ppl["deployed"] == pytest.approx(ppl["simulated"], rel=1e-2)
 
 
+@pytest.mark.parametrize("backend", ["tensorrt_nlp", "tensorrt_fp8"])
+def test_w8a8_and_fp8_runs_write_the_compressed_tensors_folder_with_sdpa_attention(corpus, tmp_path, backend):
+    """Attention by scaled_dot_product_attention (float, as vLLM serves it), the runtime's int8 input grid and
+    SmoothQuant on the norms' outputs only: the folder holds the simulation, and transformers computes it."""
+    config = _config(corpus.model, corpus.texts, quantize_type="naive_ptq", backend=backend, smooth="after_norm")
+    config["model"]["kwargs"] = {"attn_implementation": "sdpa"}
+    config["extra_prepare_dict"] = {"extra_qconfig_dict": {"a_qscheme": {"symmetric_range": False}}}
+    if backend == "tensorrt_fp8":
+        config["extra_prepare_dict"] = {}
+    results = _run(tmp_path / backend, config)
+    assert results["verify"]["passed"], results["verify"]["failures"]
+    folder = Path(results["artifacts"]["compressed_tensors"])
+    quantization = json.loads((folder / "config.json").read_text())["quantization_config"]
+    assert quantization["format"] == ("int-quantized" if backend == "tensorrt_nlp" else "float-quantized")
+    assert (folder / "tokenizer.json").is_file()  # copied from the model's folder
+    assert results["model"].endswith(", sdpa attention)")
+    with pytest.raises(ConfigError, match=r"'quantize\.smooth' must be null .* after_norm"):
+        parse_config({**config, "quantize": {**config["quantize"], "smooth": "norms"}}, "run.yaml")
+
+
 def test_the_configuration_guide_s_causal_lm_example_is_valid():
     import mqbench.app.causal_lm
 
@@ -365,10 +385,10 @@ def test_a_tokenizer_beyond_the_model_s_vocabulary_is_a_usage_error(corpus, tmp_
 
 
 def test_model_kwargs_go_to_from_pretrained_except_what_mqbench_sets(corpus):
-    with pytest.raises(
-        ConfigError, match=r"^model\.kwargs: attn_implementation, dtype are set by mqbench for model\.type causal_lm"
-    ):
-        _load(corpus.model, corpus.jsonl, kwargs={"dtype": "float16", "attn_implementation": "sdpa"})
+    with pytest.raises(ConfigError, match=r"^model\.kwargs: dtype, gguf_file are set by mqbench for model\.type"):
+        _load(corpus.model, corpus.jsonl, kwargs={"dtype": "float16", "gguf_file": "x.gguf"})
+    with pytest.raises(ConfigError, match=r"^model\.kwargs\.attn_implementation must be eager .* or sdpa .*'flash'"):
+        _load(corpus.model, corpus.jsonl, kwargs={"attn_implementation": "flash"})
     with pytest.raises(
         ConfigError,
         match=r"^model\.path '.*': AutoModelForCausalLM\.from_pretrained cannot load it with model\.kwargs "

@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch import nn
 
-from mqbench.advanced_ptq import awq, restore_smoothing
+from mqbench.advanced_ptq import awq, calibrate, restore_smoothing
 from mqbench.convert_deploy import convert_deploy
 from mqbench.deploy.verify import verify_deploy
 from mqbench.deploy.writers.compressed_tensors import pack_bits
@@ -373,3 +373,18 @@ def test_awq_scales_that_no_norm_takes_are_refused_by_every_checkpoint(tmp_path)
         assert "not after a norm" in said and "awq" in said, said
         assert key not in result.artifacts
     assert "matmulnbits_onnx" in result.artifacts
+
+
+def test_smoothquant_after_norms_only_is_written_and_computes_the_simulation(tmp_path):
+    chosen: dict[str, float] = {}
+
+    def smoothed(qmodel: nn.Module) -> None:
+        calibrate(qmodel, [_ids(1), _ids(4)], smooth="after_norm")
+        chosen.update({n.replace("_smoothing", ""): 1.0 for n, _ in qmodel.named_modules() if n.endswith("_smoothing")})
+
+    qmodel, result = _deployed(tmp_path, "tensorrt_nlp", None, before=smoothed, **FULL_INT8)
+    assert chosen and all("layernorm" in name for name in chosen)  # none in front of the output / down projections
+    report = verify_deploy(qmodel, result, {"input_ids": _ids(3)}, ["compressed_tensors"], fidelity=False)
+    assert report.passed, report.failures()
+    with pytest.raises(ValueError, match="smooth must be True, False, 'after_norm' or None"):
+        calibrate(qmodel, [_ids(1)], smooth="norms")

@@ -28,14 +28,19 @@ from test_compressed_tensors import VOCAB, _deployed, _ids, _llama  # noqa: E402
 NEW_TOKENS = 32
 
 
-def _simulated_greedy(qmodel: torch.nn.Module, prompt: torch.Tensor, count: int) -> list[int]:
+def _simulated_greedy(qmodel: torch.nn.Module, prompt: torch.Tensor, count: int) -> tuple[list[int], list[float]]:
+    """The simulation's greedy tokens, and at each step the lead of the chosen token's logit over the next one,
+    relative to the largest logit magnitude."""
     ids = prompt.clone()
+    leads = []
     with torch.no_grad():
         for _ in range(count):
             out = qmodel(input_ids=ids)
-            logits = out["logits"] if isinstance(out, dict) else out[0]
-            ids = torch.cat([ids, logits[:, -1].argmax(-1, keepdim=True)], dim=1)
-    return ids[0, prompt.shape[1] :].tolist()
+            logits = (out["logits"] if isinstance(out, dict) else out[0])[0, -1]
+            top = logits.topk(2).values
+            leads.append(float((top[0] - top[1]) / logits.abs().max().clamp(min=1.0)))
+            ids = torch.cat([ids, logits.argmax().view(1, 1)], dim=1)
+    return ids[0, prompt.shape[1] :].tolist(), leads
 
 
 def test_prefill_and_decode_steps_compute_the_simulation_with_matmulnbits_layers(tmp_path):
@@ -80,7 +85,7 @@ def test_onnxruntime_genai_generates_the_simulations_greedy_tokens(tmp_path):
         enable_quantization(qmodel)
         result = convert_deploy(qmodel, "llm_w4a16", dummy_input={"input_ids": _ids(2)}, output_path=tmp_path)
     prompt = _ids(5)[:1]
-    expected = _simulated_greedy(qmodel, prompt, NEW_TOKENS)
+    expected, leads = _simulated_greedy(qmodel, prompt, NEW_TOKENS)
     assert len(set(expected)) >= 5  # a continuation, not one token repeated
     model = og.Model(result.artifacts["genai"])
     params = og.GeneratorParams(model)
@@ -90,7 +95,12 @@ def test_onnxruntime_genai_generates_the_simulations_greedy_tokens(tmp_path):
     while not generator.is_done():
         generator.generate_next_token()
     generated = [int(t) for t in generator.get_sequence(0)][prompt.shape[1] :]
-    assert generated == expected
+    # the tokens are the simulation's up to a step whose top two logits lie closer than ten times the decoder's
+    # verified logit error (1e-5 of the magnitude): there float summation order, which differs between hosts and
+    # kernels, may pick either, and the sequences part (on the decoder here, no step comes that close)
+    clear = next((i for i, lead in enumerate(leads) if lead <= 1e-4), NEW_TOKENS)
+    assert clear >= NEW_TOKENS // 2, leads
+    assert generated[:clear] == expected[:clear]
 
 
 def test_a_wrong_weight_in_the_decoder_fails_verification(tmp_path):

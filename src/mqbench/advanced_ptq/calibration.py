@@ -122,7 +122,7 @@ def put_back_observers(model: nn.Module, replaced: dict[str, ObserverBase]) -> N
 
 @torch.no_grad()
 def calibrate(
-    model: fx.GraphModule, cali_data: Any, smooth: bool | None = None, recipe: PTQRecipe | None = None
+    model: fx.GraphModule, cali_data: Any, smooth: bool | str | None = None, recipe: PTQRecipe | None = None
 ) -> fx.GraphModule:
     """MQBench's calibration before reconstruction, with the backend's recipe; returns ``model`` in quantization mode.
 
@@ -138,7 +138,9 @@ def calibrate(
     with the percentile; on PPL W8A16 0.989 plain, 0.983 with equalization and bias correction).
     ``smooth``: first migrate activation outliers of linear inputs into the weights
     (:func:`~mqbench.advanced_ptq.smooth_quant`, strength searched); None does what the backend
-    the model was prepared for does by default (its ``smooth_linear_inputs``: the NLP backends).
+    the model was prepared for does by default (its ``smooth_linear_inputs``: the NLP backends); ``"after_norm"``
+    smooths only the inputs a norm computes for linear layers alone, whose scales a Hugging Face checkpoint holds
+    (folded into the norms' gains: the compressed-tensors folder, GGUF).
     """
     batches = calibration_batches(cali_data)
     spec = _spec(model)
@@ -154,8 +156,10 @@ def calibrate(
         logger.info("calibration: %d activation quantizer(s) use %s", len(replaced), recipe.activation_observer)
     if recipe.equalize:
         cross_layer_equalization(model)
+    if smooth not in (True, False, "after_norm"):
+        raise ValueError(f"smooth must be True, False, 'after_norm' or None, got {smooth!r}")
     if smooth:
-        smooth_quant(model, batches)
+        smooth_quant(model, batches, after_norm=smooth == "after_norm")
     reset_observers(model)  # a model calibrated before (then rotated, smoothed, ...) gets the ranges of now
     enable_calibration_woquantization(model, quantizer_type="act_fake_quant")
     one_pass(model, batches)  # block by block on a transformer

@@ -53,7 +53,15 @@ from mqbench.utils.lazy_weights import require_weights
 from mqbench.utils.logger import logger
 from mqbench.utils.tied import shared_weights
 
-__all__ = ["ALPHAS", "ChannelScale", "fresh_copy", "restore_smoothing", "smooth_quant"]
+__all__ = [
+    "ALPHAS",
+    "ChannelScale",
+    "after_foldable_norm",
+    "foldable_norm",
+    "fresh_copy",
+    "restore_smoothing",
+    "smooth_quant",
+]
 
 _SUFFIX = "_smoothing"  # a ChannelScale module is named after the quantizer it feeds
 
@@ -76,6 +84,32 @@ class ChannelScale(nn.Module):
 
     def extra_repr(self) -> str:
         return f"channels={self.scale.numel()}"
+
+
+def foldable_norm(module: nn.Module) -> bool:
+    """Whether ``module`` computes ``normalised(x) * weight (+ bias)`` with a 1-d gain: LayerNorm, RMSNorm and the
+    ``*RMSNorm`` classes of transformers' models (Gemma's ``1 + weight`` gain excepted). A per-channel scale of its
+    output is then a norm with gain ``weight * s``.
+
+    Example:
+        >>> foldable_norm(nn.LayerNorm(4)), foldable_norm(nn.Linear(4, 4))
+        (True, False)
+    """
+    name = type(module).__name__
+    plain = isinstance(module, nn.LayerNorm | nn.RMSNorm) or (name.endswith("RMSNorm") and not name.startswith("Gemma"))
+    weight = getattr(module, "weight", None)
+    return plain and isinstance(weight, Tensor) and weight.ndim == 1
+
+
+def after_foldable_norm(node: fx.Node, modules: dict[str, nn.Module]) -> bool:
+    """Whether ``node``'s input is a norm's output that nothing else reads (a scale there folds into the norm)."""
+    source = node.args[0] if node.args else None
+    return (
+        isinstance(source, fx.Node)
+        and source.op == "call_module"
+        and foldable_norm(modules.get(str(source.target), nn.Identity()))
+        and set(source.users) == {node}
+    )
 
 
 def _linear_readers(node: fx.Node, modules: dict[str, nn.Module]) -> list[nn.Linear] | None:
@@ -162,8 +196,13 @@ def smooth_quant(
     alpha: float | None = None,
     sample_rows: int = 2048,
     seed: int = 0,
+    after_norm: bool = False,
 ) -> dict[str, float]:
     """Migrate activation outliers into the weights of linear layers (see the module docstring).
+
+    ``after_norm``: smooth only the inputs that a norm computes for them alone (the query / key / value and the
+    gate / up projections of a transformer block), whose scale folds into the norm's gain: what a checkpoint of
+    the source architecture holds (compressed-tensors, GGUF; the other scales have no place there).
 
     Returns the chosen ``alpha`` per activation quantizer that was smoothed (a quantizer for which
     the search found no migration better than none is left alone and not listed). The model is
@@ -186,6 +225,8 @@ def smooth_quant(
         source = node.args[0]
         if source.op == "call_module" and isinstance(modules.get(str(source.target)), ChannelScale):
             continue  # smoothed already
+        if after_norm and not after_foldable_norm(node, modules):
+            continue
         layers = _linear_readers(node, modules)
         tied = [names[id(layer)] for layer in layers or () if names[id(layer)] in shared]
         if tied:  # scaling its columns would scale the other holders' weight too (an embedding table's rows)

@@ -6,8 +6,10 @@ tokenizer's files) or a ``.gguf`` file (which needs the ``gguf`` and ``accelerat
 mqbench[llm]``). The model is loaded with ``AutoModelForCausalLM.from_pretrained`` in float32 with eager attention,
 in eval mode and without its KV cache (``use_cache = False``: it computes a prefill), its tokenizer with
 ``AutoTokenizer.from_pretrained`` from the same place; ``model.kwargs`` go to ``from_pretrained`` too (not
-``dtype``, ``attn_implementation`` or ``gguf_file``, which mqbench sets; e.g. ``{num_hidden_layers: 2}`` keeps the
-first two blocks).
+``dtype`` or ``gguf_file``, which mqbench sets; e.g. ``{num_hidden_layers: 2}`` keeps the first two blocks).
+``model.kwargs.attn_implementation``: ``eager`` (the default: attention's matrix products are ops the W8A8 and FP8
+backends quantize) or ``sdpa`` (one fused call that stays float, as vLLM computes attention: what a
+compressed-tensors W8A8 / FP8 folder holds).
 
 ``data.path`` is the text: a folder of ``.txt`` files (one document a file, in subfolders too, sorted by path), a
 ``.txt`` file (one document), a ``.jsonl`` file (one document a line, its ``"text"`` field) or a folder
@@ -51,7 +53,8 @@ __all__ = ["HELD_OUT_SHARE", "load_causal_lm", "text_documents", "token_stream_w
 
 HELD_OUT_SHARE = 10  # causal_lm: the last 1/10 of the token stream is held out
 # from_pretrained's arguments that model.type causal_lm sets itself (model.kwargs may not change them)
-_SET_BY_MQBENCH = ("dtype", "torch_dtype", "attn_implementation", "gguf_file")
+_SET_BY_MQBENCH = ("dtype", "torch_dtype", "gguf_file")
+_ATTENTION = ("eager", "sdpa")
 _TEXT_FORMS = (
     'a folder of .txt files, a .txt file, a .jsonl file with a "text" field on each line, or a folder datasets\' '
     "save_to_disk wrote"
@@ -59,11 +62,12 @@ _TEXT_FORMS = (
 
 
 def load_causal_lm(config: dict[str, Any]) -> tuple[nn.Module, str, Data]:
-    """``model.type: causal_lm``: the Hugging Face causal language model at ``model.path`` (float32, eager attention,
-    eval mode, ``use_cache = False``), a description of it, and windows of the text at ``data.path`` tokenized with
-    its tokenizer (see the module docstring): calibration windows ``[cali_batchsize x batch_size, seq_len]`` as
-    ``train``, held-out windows ``[max_eval, seq_len + 1]`` as ``val``, no labels. A path, a file or a package that
-    is missing, or text too short for one window, is a ConfigError saying what to do."""
+    """``model.type: causal_lm``: the Hugging Face causal language model at ``model.path`` (float32, eager attention
+    unless ``model.kwargs.attn_implementation`` says sdpa, eval mode, ``use_cache = False``), a description of it,
+    and windows of the text at ``data.path`` tokenized with its tokenizer (see the module docstring): calibration
+    windows ``[cali_batchsize x batch_size, seq_len]`` as ``train``, held-out windows ``[max_eval, seq_len + 1]`` as
+    ``val``, no labels. A path, a file or a package that is missing, or text too short for one window, is a
+    ConfigError saying what to do."""
     section, data = config["model"], config["data"]
     documents, kind = text_documents(data["path"])  # first: a wrong data.path is said before the model loads
     model, tokenizer, described = _causal_lm(section["path"], dict(section["kwargs"] or {}))
@@ -139,8 +143,14 @@ def _causal_lm(path: str, kwargs: dict[str, Any]) -> tuple[nn.Module, Any, str]:
     if fixed:
         raise ConfigError(
             f"model.kwargs: {', '.join(fixed)} {'is' if len(fixed) == 1 else 'are'} set by mqbench for model.type "
-            "causal_lm (float32, eager attention: the matrix products the backends quantize; the GGUF file from "
-            "model.path); remove " + ", ".join(f"model.kwargs.{key}" for key in fixed)
+            "causal_lm (float32; the GGUF file from model.path); remove "
+            + ", ".join(f"model.kwargs.{key}" for key in fixed)
+        )
+    attention = kwargs.pop("attn_implementation", "eager")
+    if attention not in _ATTENTION:
+        raise ConfigError(
+            f"model.kwargs.attn_implementation must be eager (attention's matrix products quantized by the W8A8 and "
+            f"FP8 backends) or sdpa (attention float, as LLM runtimes serve it), got {attention!r}"
         )
     try:
         import transformers
@@ -157,7 +167,7 @@ def _causal_lm(path: str, kwargs: dict[str, Any]) -> tuple[nn.Module, Any, str]:
         ) from error
     try:
         model = transformers.AutoModelForCausalLM.from_pretrained(
-            folder, **options, **kwargs, dtype=torch.float32, attn_implementation="eager"
+            folder, **options, **kwargs, dtype=torch.float32, attn_implementation=attention
         )
     except Exception as error:
         given = f" with model.kwargs {kwargs}" if kwargs else ""
@@ -171,6 +181,8 @@ def _causal_lm(path: str, kwargs: dict[str, Any]) -> tuple[nn.Module, Any, str]:
     parameters = sum(p.numel() for p in model.parameters())
     shape = f"{blocks} blocks, " if blocks is not None else ""
     changed = "".join(f", {key} {value}" for key, value in kwargs.items())
+    if attention != "eager":
+        changed += f", {attention} attention"
     described = f"causal_lm {path} ({architecture}, {shape}{parameters / 1e6:.1f}M parameters{changed})"
     return model.eval(), tokenizer, described
 

@@ -51,6 +51,8 @@ and the valid choices. Missing sections and keys take the defaults below.
                                 #   ({residual: false}: only the MLPs' down-projection inputs, any transformer)
       recipe: null              # mqbench: calibration recipe: null (the backend's ptq_recipe), plain, or
                                 # {activation_observer: PercentileObserver, equalize: true, bias_correction: true}
+      smooth: null              # mqbench: SmoothQuant before calibration: null (the backend's default), true, false,
+                                #   or after_norm (the norms' outputs only: the scales a Hugging Face checkpoint holds)
       deploy: {model_name: model, output_path: null, deploy_to_qlinear: false}
       verify_samples: 32        # mqbench: validation samples verify_deploy compares on
     extra_prepare_dict: {...}   # prepare_by_platform's prepare_custom_config_dict

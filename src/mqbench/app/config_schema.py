@@ -66,6 +66,7 @@ DEFAULTS: dict[str, Any] = {
         "algorithm_config": {},
         "rotation": None,
         "recipe": None,
+        "smooth": None,
         "deploy": {"model_name": "model", "output_path": None, "deploy_to_qlinear": False},
         "verify_samples": 32,
     },
@@ -239,6 +240,11 @@ _CHECKS: dict[str, dict[str, tuple[Callable[[Any], bool], str]]] = {
             _recipe,
             "null (the backend's recipe), plain, or a mapping of activation_observer (an observer name or null), "
             "equalize and bias_correction (true or false)",
+        ),
+        "smooth": (
+            lambda v: v in (None, True, False, "after_norm"),
+            "null (the backend's default: SmoothQuant for the NLP backends), true, false, or after_norm (SmoothQuant "
+            "on the norms' outputs only, whose scales the Hugging Face checkpoints hold)",
         ),
         "deploy": (_mapping, "a mapping with model_name, output_path, deploy_to_qlinear"),
         "verify_samples": (_positive_int, "a positive integer"),

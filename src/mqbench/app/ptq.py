@@ -76,7 +76,8 @@ def quantize_ptq(run: Run, model: nn.Module) -> nn.Module:
         return weight_only(run, qmodel, calibration, started)
     recipe = ptq_recipe(quantize.get("recipe"), qmodel)
     run.extra["recipe"] = recipe.describe()
-    calibrate(qmodel, tqdm(calibration, desc="calibration", disable=run.quiet, leave=False), recipe=recipe)
+    batches = tqdm(calibration, desc="calibration", disable=run.quiet, leave=False)
+    calibrate(qmodel, batches, smooth=quantize.get("smooth"), recipe=recipe)
     run.seconds["calibration"] = time.perf_counter() - started
     if quantize["quantize_type"] == "advanced_ptq":
         started = time.perf_counter()
@@ -123,7 +124,8 @@ def weight_only(run: Run, qmodel: fx.GraphModule, calibration: list[Any], starte
     if not run.spec.weight_only:
         recipe = ptq_recipe(quantize.get("recipe"), qmodel)
         run.extra["recipe"] = recipe.describe()
-        calibrate(qmodel, tqdm(calibration, desc="calibration", disable=run.quiet, leave=False), recipe=recipe)
+        batches = tqdm(calibration, desc="calibration", disable=run.quiet, leave=False)
+        calibrate(qmodel, batches, smooth=quantize.get("smooth"), recipe=recipe)
     run.seconds["calibration"] = time.perf_counter() - started
     for name in algorithms:  # rtn comes alone
         started = time.perf_counter()

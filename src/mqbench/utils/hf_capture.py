@@ -24,8 +24,10 @@ import torch
 from torch import nn
 
 __all__ = [
+    "ATTENTION",
     "REPLACED_LAYERS",
     "SOURCE_CONFIG",
+    "attention_of",
     "broadcast_for_bhqkv",
     "linear_layers",
     "masks_without_vmap",
@@ -37,6 +39,9 @@ __all__ = [
 SOURCE_CONFIG = "mqbench_source_config"
 # its key counting the layers prepare replaced by nn.Linear (GPT-2's Conv1D): a checkpoint stores them otherwise
 REPLACED_LAYERS = "mqbench_replaced_linear_layers"
+# its key naming the model's attention implementation ("sdpa", "eager"): a checkpoint's loader computes attention
+# the same way when it checks the checkpoint against the simulation
+ATTENTION = "mqbench_attn_implementation"
 
 
 def source_config(model: nn.Module) -> dict[str, Any] | None:
@@ -48,7 +53,16 @@ def source_config(model: nn.Module) -> dict[str, Any] | None:
         return None
     values = dict(to_dict())
     values["architectures"] = [type(model).__name__]
+    attention = getattr(config, "_attn_implementation", None)
+    if isinstance(attention, str):
+        values[ATTENTION] = attention
     return values
+
+
+def attention_of(model: Any) -> str | None:
+    """The attention implementation of the Hugging Face model a prepared ``model`` came from (None: not known)."""
+    config = getattr(model, SOURCE_CONFIG, None)
+    return config.get(ATTENTION) if isinstance(config, dict) else None
 
 
 def broadcast_for_bhqkv(mask_function: Callable[..., Any], bh_indices: bool = True) -> Callable[..., Any]:

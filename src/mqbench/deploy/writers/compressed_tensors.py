@@ -62,7 +62,7 @@ from torch import nn
 from mqbench.deploy.comparison import ArtifactReport, compare
 from mqbench.deploy.writers.hf_checkpoint import hf_checkpoint
 from mqbench.qparams import TensorQParams
-from mqbench.utils.hf_capture import REPLACED_LAYERS
+from mqbench.utils.hf_capture import REPLACED_LAYERS, attention_of
 
 if TYPE_CHECKING:
     from mqbench.deploy.context import DeployContext
@@ -514,9 +514,10 @@ def _dequantizing(config_class: Any, activations: bool = False) -> Any:
     return config_class(run_compressed=False)
 
 
-def _load(folder: str) -> nn.Module:
+def _load(folder: str, attention: str | None = None) -> nn.Module:
     """The folder as transformers loads it with compressed-tensors on a CPU: its architecture's class, float32,
-    eager attention, with the option of :func:`_dequantizing`."""
+    ``attention`` as the simulation computed it (None: transformers' default), with the option of
+    :func:`_dequantizing`."""
     import transformers
 
     config = json.loads((Path(folder) / "config.json").read_text())
@@ -528,8 +529,8 @@ def _load(folder: str) -> nn.Module:
             folder,
             output_loading_info=True,
             dtype=torch.float32,
-            attn_implementation="eager",
             quantization_config=_dequantizing(transformers.CompressedTensorsConfig, activations),
+            **({} if attention is None else {"attn_implementation": attention}),
         )
     problems = {key: list(info.get(key) or ()) for key in ("missing_keys", "unexpected_keys", "mismatched_keys")}
     problems = {key: values[:4] for key, values in problems.items() if values}
@@ -574,7 +575,7 @@ def verify(result: Any, feeds: Mapping[str, np.ndarray], run: Any) -> ArtifactRe
     if missing:
         report.missing = [f"not loaded: {' and '.join(missing)} not installed (pip install compressed-tensors)"]
         return report
-    model = loaded_by_consumer(lambda: _load(folder), report, "the folder")
+    model = loaded_by_consumer(lambda: _load(folder, attention_of(run.model)), report, "the folder")
     if model is None:
         return report
     values: dict[str, np.ndarray] = {}

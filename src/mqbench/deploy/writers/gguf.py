@@ -42,6 +42,7 @@ from mqbench.deploy.comparison import ArtifactReport, compare
 from mqbench.deploy.writers.compressed_tensors import integer_levels, loaded_by_consumer
 from mqbench.deploy.writers.hf_checkpoint import hf_checkpoint
 from mqbench.qparams import TensorQParams
+from mqbench.utils.hf_capture import attention_of
 
 if TYPE_CHECKING:
     from mqbench.deploy.context import DeployContext
@@ -241,15 +242,19 @@ def write(context: DeployContext) -> Path | None:
     return path
 
 
-def _load(path: str) -> nn.Module:
-    """The file as transformers' GGUF loader reads it (dequantized with the gguf package), float32, eager."""
+def _load(path: str, attention: str | None = None) -> nn.Module:
+    """The file as transformers' GGUF loader reads it (dequantized with the gguf package), float32, ``attention``
+    as the simulation computed it (None: transformers' default)."""
     import transformers
 
     file = Path(path)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model = transformers.AutoModelForCausalLM.from_pretrained(
-            str(file.parent), gguf_file=file.name, dtype=torch.float32, attn_implementation="eager"
+            str(file.parent),
+            gguf_file=file.name,
+            dtype=torch.float32,
+            **({} if attention is None else {"attn_implementation": attention}),
         )
     return model.eval()
 
@@ -276,7 +281,7 @@ def verify(result: Any, feeds: Mapping[str, np.ndarray], run: Any) -> ArtifactRe
     if missing:
         report.missing = [f"not loaded: {' and '.join(missing)} not installed (pip install gguf)"]
         return report
-    model = loaded_by_consumer(lambda: _load(result.artifacts[KEY]), report, "the file")
+    model = loaded_by_consumer(lambda: _load(result.artifacts[KEY], attention_of(run.model)), report, "the file")
     if model is None:
         return report
     weights = dict(model.named_parameters())

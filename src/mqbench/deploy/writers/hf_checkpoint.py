@@ -7,13 +7,8 @@ without their gains (``model.meta["rotation"]``), and the per-channel input scal
 (:class:`~mqbench.advanced_ptq.smoothing.ChannelScale` nodes). A scale whose input is a norm that feeds nothing
 else is folded into that norm's gain (and bias): ``norm(x) * s`` is a norm with gain ``g * s``. Any other scale
 (the input of an output projection, of a down projection) has no place in the architecture: the checkpoint is
-not written, with a warning naming the scales, and the ONNX artifacts hold the model.
-
-Example:
-    >>> import torch
-    >>> from torch import nn
-    >>> foldable_norm(nn.LayerNorm(4)), foldable_norm(nn.Linear(4, 4))
-    (True, False)
+not written, with a warning naming the scales, and the ONNX artifacts hold the model. ``calibrate(smooth=
+"after_norm")`` smooths only the inputs whose scales fold.
 """
 
 from __future__ import annotations
@@ -26,13 +21,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from mqbench.advanced_ptq.smoothing import ChannelScale
+from mqbench.advanced_ptq.smoothing import ChannelScale, after_foldable_norm
 from mqbench.utils.hf_capture import SOURCE_CONFIG
 
 if TYPE_CHECKING:
     from mqbench.deploy.context import DeployContext
 
-__all__ = ["Checkpoint", "foldable_norm", "hf_checkpoint"]
+__all__ = ["Checkpoint", "hf_checkpoint"]
 
 
 @dataclass
@@ -44,15 +39,6 @@ class Checkpoint:
     module: nn.Module
     config: Mapping[str, Any]
     weights: dict[str, torch.Tensor]
-
-
-def foldable_norm(module: nn.Module) -> bool:
-    """Whether ``module`` computes ``normalised(x) * weight (+ bias)`` with a 1-d gain: LayerNorm, RMSNorm and the
-    ``*RMSNorm`` classes of transformers' models (Gemma's ``1 + weight`` gain excepted)."""
-    name = type(module).__name__
-    plain = isinstance(module, nn.LayerNorm | nn.RMSNorm) or (name.endswith("RMSNorm") and not name.startswith("Gemma"))
-    weight = getattr(module, "weight", None)
-    return plain and isinstance(weight, torch.Tensor) and weight.ndim == 1
 
 
 def _fold_scales(module: nn.Module, weights: dict[str, torch.Tensor]) -> list[str]:
@@ -67,16 +53,10 @@ def _fold_scales(module: nn.Module, weights: dict[str, torch.Tensor]) -> list[st
             continue
         scale = modules[str(node.target)].scale.detach().float()
         source = node.args[0]
-        norm = modules.get(str(source.target)) if isinstance(source, torch.fx.Node) else None
-        if (
-            norm is None
-            or source.op != "call_module"
-            or not foldable_norm(norm)
-            or set(source.users) != {node}
-            or norm.weight.numel() != scale.numel()
-        ):
+        if not after_foldable_norm(node, modules) or modules[str(source.target)].weight.numel() != scale.numel():
             unfolded.append(str(node.target))
             continue
+        norm = modules[str(source.target)]
         for leaf in ("weight", "bias"):
             key = f"{source.target}.{leaf}"
             if getattr(norm, leaf, None) is not None and key in weights:
@@ -116,8 +96,8 @@ def hf_checkpoint(context: DeployContext, key: str, model_types: tuple[str, ...]
             f"{key}: not written, {len(unfolded)} per-channel input scale(s) of SmoothQuant or AWQ are not after a "
             f"norm they could be folded into ({', '.join(unfolded[:3])}{' ...' if len(unfolded) > 3 else ''}), "
             f"and a {architecture} checkpoint has no place for them; the ONNX artifacts hold them (for this "
-            "checkpoint, calibrate with smooth=False, or give awq's config 'layers' only the projections that follow "
-            "a norm)",
+            "checkpoint, calibrate with smooth='after_norm' or smooth=False, or give awq's config 'layers' only the "
+            "projections that follow a norm)",
             stacklevel=4,
         )
         return None
