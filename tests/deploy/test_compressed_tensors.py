@@ -121,6 +121,17 @@ def _simulated_weights(qmodel: nn.Module) -> dict[str, torch.Tensor]:
     return out
 
 
+def _transformers_computes_the_simulation(qmodel: nn.Module, result) -> None:
+    """transformers' loader: the verification compares each of the 14 decompressed weights (0 LSB) and the logits
+    (within 1e-5 of their magnitude) with the simulation."""
+    report = verify_deploy(qmodel, result, {"input_ids": _ids(3)}, ["compressed_tensors"], fidelity=False)
+    art = report.artifacts["compressed_tensors"]
+    assert report.passed, report.failures()
+    assert len(art.per_tensor) == 14 and art.max_lsb_diff == 0
+    (logits,) = art.outputs.values()
+    assert logits.max_abs_diff <= 1e-5 * max(logits.magnitude, 1.0)
+
+
 @pytest.mark.parametrize(
     ("backend", "scheme", "strategy", "symmetric"),
     [
@@ -162,13 +173,7 @@ def test_the_folder_holds_the_simulated_weights_and_transformers_computes_the_si
         assert torch.equal(weight.float(), expected), name
     assert f"{name}.weight" not in tensors
     assert "lm_head.weight" not in tensors  # tied: the runtime ties it to the embedding again
-    # transformers' loader: the verification compares each decompressed weight and the logits
-    report = verify_deploy(qmodel, result, {"input_ids": _ids(3)}, ["compressed_tensors"], fidelity=False)
-    art = report.artifacts["compressed_tensors"]
-    assert report.passed, report.failures()
-    assert len(art.per_tensor) == 14 and art.max_lsb_diff == 0
-    (logits,) = art.outputs.values()
-    assert logits.max_abs_diff <= 1e-5 * max(logits.magnitude, 1.0)
+    _transformers_computes_the_simulation(qmodel, result)
 
 
 def test_a_quantized_output_layer_is_written_untied(tmp_path):
@@ -307,12 +312,7 @@ def test_a_w8a8_folder_holds_the_weights_and_input_scales_and_transformers_compu
         x_q = torch.clamp(x / s, -448, 448).to(torch.float8_e4m3fn).float() * s
     w = tensors["model.layers.1.mlp.down_proj.weight"].float() * tensors["model.layers.1.mlp.down_proj.weight_scale"]
     torch.testing.assert_close(x_q @ w.T, y, rtol=0, atol=1e-6 * float(y.abs().max()))
-    report = verify_deploy(qmodel, result, {"input_ids": _ids(3)}, ["compressed_tensors"], fidelity=False)
-    art = report.artifacts["compressed_tensors"]
-    assert report.passed, report.failures()
-    assert len(art.per_tensor) == 14 and art.max_lsb_diff == 0
-    (logits,) = art.outputs.values()
-    assert logits.max_abs_diff <= 1e-5 * max(logits.magnitude, 1.0)
+    _transformers_computes_the_simulation(qmodel, result)
 
 
 def test_tensorrt_inputs_on_the_narrow_grid_are_refused_naming_the_setting_that_holds(tmp_path):
@@ -376,15 +376,21 @@ def test_awq_scales_that_no_norm_takes_are_refused_by_every_checkpoint(tmp_path)
 
 
 def test_smoothquant_after_norms_only_is_written_and_computes_the_simulation(tmp_path):
-    chosen: dict[str, float] = {}
+    gains: dict[str, torch.Tensor] = {}
 
     def smoothed(qmodel: nn.Module) -> None:
+        before = {n: p.detach().clone() for n, p in qmodel.named_parameters() if n.endswith("layernorm.weight")}
         calibrate(qmodel, [_ids(1), _ids(4)], smooth="after_norm")
-        chosen.update({n.replace("_smoothing", ""): 1.0 for n, _ in qmodel.named_modules() if n.endswith("_smoothing")})
+        assert not [n for n, _ in qmodel.named_modules() if n.endswith("_smoothing")]  # no scale node: in the gains
+        gains.update({n: p.detach() for n, p in qmodel.named_parameters() if n in before and not p.equal(before[n])})
 
     qmodel, result = _deployed(tmp_path, "tensorrt_nlp", None, before=smoothed, **FULL_INT8)
-    assert chosen and all("layernorm" in name for name in chosen)  # none in front of the output / down projections
+    assert gains  # norms' gains changed, the architecture not
+    tensors = safetensors_torch.load_file(str(Path(result.artifacts["compressed_tensors"]) / "model.safetensors"))
+    assert all(torch.equal(tensors[name], gain) for name, gain in gains.items())
     report = verify_deploy(qmodel, result, {"input_ids": _ids(3)}, ["compressed_tensors"], fidelity=False)
     assert report.passed, report.failures()
+    (logits,) = report.artifacts["compressed_tensors"].outputs.values()
+    assert logits.max_abs_diff == 0  # the same ops on the same values: bit for bit
     with pytest.raises(ValueError, match="smooth must be True, False, 'after_norm' or None"):
         calibrate(qmodel, [_ids(1)], smooth="norms")

@@ -201,8 +201,9 @@ def smooth_quant(
     """Migrate activation outliers into the weights of linear layers (see the module docstring).
 
     ``after_norm``: smooth only the inputs that a norm computes for them alone (the query / key / value and the
-    gate / up projections of a transformer block), whose scale folds into the norm's gain: what a checkpoint of
-    the source architecture holds (compressed-tensors, GGUF; the other scales have no place there).
+    gate / up projections of a transformer block), and divide the norm's gain (and bias) by the scale instead of
+    adding a :class:`ChannelScale` node: the model keeps its architecture, so a checkpoint of it (compressed-tensors,
+    GGUF) computes exactly what the simulation computes (the other inputs' scales have no place there).
 
     Returns the chosen ``alpha`` per activation quantizer that was smoothed (a quantizer for which
     the search found no migration better than none is left alone and not listed). The model is
@@ -280,7 +281,15 @@ def smooth_quant(
         best, scale = decided[node]
         for layer in layers:
             layer.weight.mul_(scale.to(layer.weight.dtype))
-        _insert_channel_scale(model, node, _free_name(model, f"{node.target}{_SUFFIX}"), (1.0 / scale).to(scale.dtype))
+        if after_norm:  # into the norm's gain (and bias): the model keeps its architecture, as a checkpoint holds it
+            norm = modules[str(node.args[0].target)]
+            for leaf in ("weight", "bias"):
+                value = getattr(norm, leaf, None)
+                if isinstance(value, Tensor):
+                    value.data.mul_((1.0 / scale).to(value.dtype))
+        else:
+            inverse = (1.0 / scale).to(scale.dtype)
+            _insert_channel_scale(model, node, _free_name(model, f"{node.target}{_SUFFIX}"), inverse)
         chosen[str(node.target)] = best
     model.recompile()
     logger.info("smooth_quant: %d of %d linear input(s) smoothed", len(chosen), len(groups))
