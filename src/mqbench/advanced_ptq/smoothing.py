@@ -282,9 +282,9 @@ def smooth_quant(
         for layer in layers:
             layer.weight.mul_(scale.to(layer.weight.dtype))
         if after_norm:  # into the norm's gain (and bias): the model keeps its architecture, as a checkpoint holds it
-            source = node.args[0]
-            assert isinstance(source, fx.Node)  # a norm's output: after_foldable_norm chose this quantizer
-            norm = modules[str(source.target)]
+            produced = node.args[0]
+            assert isinstance(produced, fx.Node)  # a norm's output: after_foldable_norm chose this quantizer
+            norm = modules[str(produced.target)]
             for leaf in ("weight", "bias"):
                 value = getattr(norm, leaf, None)
                 if isinstance(value, Tensor):
