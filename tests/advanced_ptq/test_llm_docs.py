@@ -27,12 +27,12 @@ def test_the_guide_runs_deploys_and_verifies(capsys, tmp_path, monkeypatch):
     for block in blocks:
         exec(compile(block, str(DOC), "exec"), namespace)
     out = capsys.readouterr().out
-    assert "W4A16 GPTQ" in out and "FP8 E4M3: perplexity" in out and "W4A16 rotation + GPTQ: perplexity" in out
+    assert "W3A16 GPTQ" in out and "FP8 E4M3: perplexity" in out and "W4A16 rotation + GPTQ: perplexity" in out
     assert "weights on disk: 0 left to load" in out
     # GPTQ with the weights on disk gives the model GPTQ gave in memory
     lazy, qmodel = namespace["lazy"].state_dict(), namespace["qmodel"].state_dict()
     assert lazy.keys() == qmodel.keys() and all(torch.equal(lazy[name], qmodel[name]) for name in qmodel)
-    assert "['deploy_onnx', 'matmulnbits_onnx', 'onnx']" in out
+    assert "['compressed_tensors', 'deploy_onnx', 'genai', 'matmulnbits_onnx', 'onnx']" in out
     # the serving section: both checkpoints written and verified by their loaders, and loaded as a user would
     assert "served: ['compressed_tensors', 'deploy_onnx', 'genai', 'gguf', 'matmulnbits_onnx', 'onnx'] passed" in out
     assert re.search(r"FP8 folder: \S*llama_fp8/\S+_compressed_tensors passed", out)
@@ -51,7 +51,7 @@ def test_the_guide_runs_deploys_and_verifies(capsys, tmp_path, monkeypatch):
             step = step["logits"] if isinstance(step, dict) else step[0]
             prompt = torch.cat([prompt, step[:, -1].argmax(-1, keepdim=True)], dim=1)
     assert tokens == prompt[0, 8:].tolist()  # the KV-cache decoder generates the simulation's greedy tokens
-    nearest = prepare_by_platform(namespace["model"], "llm_w4a16")
+    nearest = prepare_by_platform(namespace["model"], "llm_w4a16", namespace["W3"])  # the same 3-bit grid
     calibrate_weights(nearest)
     enable_quantization(nearest)
     evaluation = namespace["evaluation"]

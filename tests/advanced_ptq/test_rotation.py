@@ -35,7 +35,7 @@ def _decoder(seed: int = 0) -> TinyGPT:
             if isinstance(module, nn.LayerNorm):
                 module.weight.uniform_(0.5, 2.0)
                 module.bias.normal_(0.0, 0.3)
-            if isinstance(module, nn.Linear):
+            if isinstance(module, nn.Linear) and module.bias is not None:  # the output layer has none
                 module.bias.normal_(0.0, 0.1)
     return model
 

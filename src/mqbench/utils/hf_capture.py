@@ -25,6 +25,10 @@ from torch import nn
 
 __all__ = [
     "ATTENTION",
+    "BYTE_LEVEL",
+    "INPUT_NAMES",
+    "LEADING_ROWS",
+    "PARAMETER_NAMES",
     "REPLACED_LAYERS",
     "SOURCE_CONFIG",
     "attention_of",
@@ -42,11 +46,23 @@ REPLACED_LAYERS = "mqbench_replaced_linear_layers"
 # its key naming the model's attention implementation ("sdpa", "eager"): a checkpoint's loader computes attention
 # the same way when it checks the checkpoint against the simulation
 ATTENTION = "mqbench_attn_implementation"
+# for a model that computes a Hugging Face architecture without being its class (``checkpoint_config()``): its
+# parameter names mapped onto the architecture's, the forward's arguments that take its inputs (in order), the zero rows
+# a parameter takes in front in the architecture (OPT's position table starts at row 2)
+PARAMETER_NAMES = "mqbench_parameter_names"
+INPUT_NAMES = "mqbench_input_names"
+LEADING_ROWS = "mqbench_leading_rows"
+# true for a model whose tokens are the 256 bytes (its checkpoints carry a byte-level tokenizer)
+BYTE_LEVEL = "mqbench_byte_level"
 
 
 def source_config(model: nn.Module) -> dict[str, Any] | None:
     """A Hugging Face model's configuration as ``config.json`` holds it (its class in ``architectures``), or None
-    for a model without one."""
+    for a model without one. A model that computes a Hugging Face architecture without being its class declares
+    it with a ``checkpoint_config()`` method (its parameter names mapped: :data:`PARAMETER_NAMES`)."""
+    declared = getattr(model, "checkpoint_config", None)
+    if callable(declared):
+        return dict(declared())
     config = getattr(model, "config", None)
     to_dict = getattr(config, "to_dict", None)
     if not callable(to_dict) or not isinstance(getattr(config, "model_type", None), str):

@@ -60,9 +60,9 @@ import torch
 from torch import nn
 
 from mqbench.deploy.comparison import ArtifactReport, compare
-from mqbench.deploy.writers.hf_checkpoint import hf_checkpoint
+from mqbench.deploy.writers.hf_checkpoint import Names, hf_checkpoint
 from mqbench.qparams import TensorQParams
-from mqbench.utils.hf_capture import REPLACED_LAYERS, attention_of
+from mqbench.utils.hf_capture import INPUT_NAMES, REPLACED_LAYERS, SOURCE_CONFIG, attention_of
 
 if TYPE_CHECKING:
     from mqbench.deploy.context import DeployContext
@@ -468,9 +468,10 @@ def write(context: DeployContext) -> Path | None:
         if refused:
             warnings.warn(f"{KEY}: not written, the format cannot hold {_reasons(refused)}", stacklevel=3)
         return None
+    names = checkpoint.names
     linears = [name for name, m in module.named_modules() if isinstance(m, nn.Linear)]
-    ignore = [name for name in linears if f"{name}.weight" not in quantized]
-    groups = list(schemes.values())
+    ignore = [names.layer(name) for name in linears if f"{name}.weight" not in quantized]
+    groups = [(group, [names.layer(owner) for owner in owners]) for group, owners in schemes.values()]
     if len(groups) == 1:
         groups = [(groups[0][0], ["Linear"])]
     try:
@@ -490,9 +491,10 @@ def write(context: DeployContext) -> Path | None:
             continue
         seen.setdefault(key, name)
         tensors[name] = parameter.numpy().astype(dtype, copy=False)
-    if tied and any(f"{name}.weight" in quantized for name in linears if name.endswith("lm_head")):
+    if tied and any(f"{name}.weight" in quantized for name in linears if names.layer(name).endswith("lm_head")):
         config["tie_word_embeddings"] = False  # a quantized output layer is no longer the float embedding
     tensors.update(compressed)
+    tensors = {names.rename(key): value for key, value in tensors.items()}
     folder = context.folder / f"{context.model_name}{SUFFIX}"
     folder.mkdir()
     config["quantization_config"] = quantization_config(groups, ignore)
@@ -539,10 +541,11 @@ def _load(folder: str, attention: str | None = None) -> nn.Module:
     return model.eval()
 
 
-def _logits(model: nn.Module, feeds: Mapping[str, np.ndarray]) -> np.ndarray:
-    """``model``'s logits on the deployment's inputs (those its forward takes, by name)."""
+def _logits(model: nn.Module, feeds: Mapping[str, np.ndarray], names: Names | None = None) -> np.ndarray:
+    """``model``'s logits on the deployment's inputs (those its forward takes, by the architecture's name)."""
     accepted = set(inspect.signature(model.forward).parameters)
-    call = {name: torch.from_numpy(np.asarray(value)) for name, value in feeds.items() if name in accepted}
+    arguments = (names or Names({})).arguments(feeds)
+    call = {name: torch.from_numpy(np.asarray(value)) for name, value in arguments.items() if name in accepted}
     with torch.no_grad():
         outputs = model(**call, use_cache=False)
     logits = outputs.logits if hasattr(outputs, "logits") else outputs[0]
@@ -552,7 +555,8 @@ def _logits(model: nn.Module, feeds: Mapping[str, np.ndarray]) -> np.ndarray:
 def serve(result: Any) -> Callable[[Mapping[str, np.ndarray]], list[np.ndarray]]:
     """The folder as transformers serves it on a CPU: its logits."""
     model = _load(result.artifacts[KEY])
-    return lambda feeds: [_logits(model, feeds)]
+    names = Names({INPUT_NAMES: ["input_ids"] if len(result.input_names) == 1 else []})  # one input: token ids
+    return lambda feeds: [_logits(model, feeds, names)]
 
 
 def loaded_by_consumer(load: Callable[[], nn.Module], report: ArtifactReport, what: str) -> nn.Module | None:
@@ -578,10 +582,11 @@ def verify(result: Any, feeds: Mapping[str, np.ndarray], run: Any) -> ArtifactRe
     model = loaded_by_consumer(lambda: _load(folder, attention_of(run.model)), report, "the folder")
     if model is None:
         return report
+    names = Names(getattr(run.model, SOURCE_CONFIG, None) or {})
     values: dict[str, np.ndarray] = {}
     if result.output_names:  # first: compressed-tensors decompresses an activation-quantized model as it runs
-        values[result.output_names[0]] = _logits(model, feeds)
-    weights = dict(model.named_parameters())
-    exposed = {t: result.dequantized[t] for t in result.table if t in weights and t in result.dequantized}
-    values.update({name: weights[t].detach().float().numpy() for t, name in exposed.items()})
+        values[result.output_names[0]] = _logits(model, feeds, names)
+    weights = {name: weight for name, weight in model.named_parameters()}
+    exposed = {t: result.dequantized[t] for t in result.table if names.rename(t) in weights and t in result.dequantized}
+    values.update({name: weights[names.rename(t)].detach().float().numpy() for t, name in exposed.items()})
     return compare(report, values, result.table, exposed, run, result.output_names[:1])

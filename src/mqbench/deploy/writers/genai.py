@@ -1,8 +1,8 @@
 """An ONNX decoder with a KV cache, and the ``genai_config.json`` onnxruntime-genai generates with.
 
 The folder holds ``model.onnx`` and ``genai_config.json`` (plus the tokenizer's files where the model's folder has
-them). The model is a Llama-architecture decoder written op by op from the deployed weights, one graph for prefill
-and decode:
+them). The model is the source architecture's decoder written op by op from the deployed weights, one graph for
+prefill and decode:
 
 * inputs ``input_ids`` ``[batch, sequence]``, ``attention_mask`` ``[batch, past + sequence]``, ``position_ids``
   ``[batch, sequence]`` and, per block ``i``, ``past_key_values.i.key`` / ``.value`` ``[batch, kv_heads, past,
@@ -16,7 +16,10 @@ embedding (a table of cosines and sines computed as transformers computes them, 
 key/value heads, the causal and padding mask and the softmax are standard ONNX ops, in float32 as the simulation.
 
 Written for the weight-only backends on a Hugging Face Llama model (``model_type: llama``, no biases, plain rotary
-embedding); another model gets no folder, and a rotated model (its inputs rotated online) gets a warning and none.
+embedding) and on an OPT model with GPT-2's blocks (the project's decoder: LayerNorms, biases, learned positions
+looked up at ``position_ids + 2`` as OPT stores them, the tanh GELU as ONNX's ``Gelu``; genai's generic model type
+``decoder``, since its ``gpt2`` type reads GPT-2's older combined key-value inputs); another model gets no folder,
+and a rotated model (its inputs rotated online) gets a warning and none.
 """
 
 from __future__ import annotations
@@ -34,9 +37,10 @@ from onnx import TensorProto, helper, numpy_helper
 from mqbench.deploy.comparison import ArtifactReport, tensor_diff
 from mqbench.deploy.onnx_graph import ort_session, save_model
 from mqbench.deploy.writers.compressed_tensors import _copy_tokenizer
-from mqbench.deploy.writers.hf_checkpoint import hf_checkpoint
+from mqbench.deploy.writers.hf_checkpoint import Names, hf_checkpoint, unlike_gpt2
 from mqbench.deploy.writers.matmulnbits import DOMAIN, _operands, container_bits, unsupported
-from mqbench.qparams import QParamTable
+from mqbench.qparams import TensorQParams
+from mqbench.utils.hf_capture import SOURCE_CONFIG
 
 if TYPE_CHECKING:
     from mqbench.deploy.context import DeployContext
@@ -75,7 +79,7 @@ class _Graph:
         return outs[0]
 
 
-def _linear(g: _Graph, x: str, name: str, weights: Mapping[str, np.ndarray], table: QParamTable) -> str:
+def _linear(g: _Graph, x: str, name: str, weights: Mapping[str, np.ndarray], table: Mapping[str, TensorQParams]) -> str:
     """``x @ W.T`` for the linear layer ``name``: MatMulNBits where it holds the quantized weight, else MatMul."""
     weight = weights[f"{name}.weight"]
     entry = table.get(f"{name}.weight")
@@ -140,20 +144,10 @@ def _rotary_tables(source: Mapping[str, Any], size: int, positions: int) -> tupl
     return full.cos().numpy(), full.sin().numpy()
 
 
-def build_decoder(source: Mapping[str, Any], weights: Mapping[str, np.ndarray], table: QParamTable) -> onnx.ModelProto:
-    """The Llama decoder with a KV cache (see the module docstring) from ``source`` (the Hugging Face configuration)
-    and ``weights`` (parameter name -> float32 array, the deployed values)."""
-    hidden, heads = int(source["hidden_size"]), int(source["num_attention_heads"])
-    kv_heads = int(source.get("num_key_value_heads") or heads)
-    size = int(source.get("head_dim") or hidden // heads)
-    layers, vocab = int(source["num_hidden_layers"]), int(source["vocab_size"])
-    eps = float(source.get("rms_norm_eps") or 1e-6)
-    g = _Graph()
-    cos_table, sin_table = _rotary_tables(source, size, int(source.get("max_position_embeddings") or 2048))
+def _mask(g: _Graph) -> str:
+    """The additive attention mask ``[B, 1, S, past + S]``: query ``i`` (at absolute position ``past + i``) sees key
+    ``j`` where ``j <= past + i`` and ``attention_mask[:, j]`` is 1."""
     axes1 = g.const([1], "axes", np.int64)
-    cos = g.op("Unsqueeze", [g.op("Gather", [g.const(cos_table, "cos_table"), "position_ids"]), axes1], "cos")
-    sin = g.op("Unsqueeze", [g.op("Gather", [g.const(sin_table, "sin_table"), "position_ids"]), axes1], "sin")
-    # the mask: query i (at absolute position past + i) sees key j where j <= past + i and attention_mask[:, j] is 1
     total = g.op("Gather", [g.op("Shape", ["attention_mask"]), g.const(1, "one", np.int64)], "total")
     length = g.op("Gather", [g.op("Shape", ["input_ids"]), g.const(1, "one", np.int64)], "length")
     step = g.const(1, "step", np.int64)
@@ -170,43 +164,85 @@ def build_decoder(source: Mapping[str, Any], weights: Mapping[str, np.ndarray], 
         "padding",
     )
     allowed = g.op("And", [causal, padding], "allowed")
-    mask = g.op("Where", [allowed, g.const(np.float32(0.0), "open"), g.const(np.float32(MASKED), "closed")], "mask")
-    scaling = g.const(np.float32(size**-0.5), "scaling")
+    return g.op("Where", [allowed, g.const(np.float32(0.0), "open"), g.const(np.float32(MASKED), "closed")], "mask")
+
+
+class _Decoder:
+    """The graph being written, its mask and its declared inputs and outputs."""
+
+    def __init__(self, vocab: int) -> None:
+        self.g = _Graph()
+        self.inputs = [
+            helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch_size", "sequence_length"]),
+            helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch_size", "total_sequence_length"]),
+            helper.make_tensor_value_info("position_ids", TensorProto.INT64, ["batch_size", "sequence_length"]),
+        ]
+        self.outputs = [
+            helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch_size", "sequence_length", vocab])
+        ]
+        self.mask = _mask(self.g)
+
+    def attention(self, q: str, k: str, v: str, index: int, shape: tuple[int, int, int], scaling: float | None) -> str:
+        """Attention of block ``index`` over its KV cache: ``q`` ``[B, heads, S, D]``, ``k`` and ``v`` ``[B, kv_heads,
+        S, D]`` appended to ``past_key_values.index.*`` as ``present.index.*``; the scores ``q k^T`` times
+        ``scaling`` (None: ``q`` is scaled already); the context ``[B, S, heads * D]``."""
+        g = self.g
+        heads, kv_heads, size = shape
+        for kind in ("key", "value"):
+            self.inputs.append(
+                helper.make_tensor_value_info(
+                    f"past_key_values.{index}.{kind}",
+                    TensorProto.FLOAT,
+                    ["batch_size", kv_heads, "past_sequence_length", size],
+                )
+            )
+            self.outputs.append(
+                helper.make_tensor_value_info(
+                    f"present.{index}.{kind}",
+                    TensorProto.FLOAT,
+                    ["batch_size", kv_heads, "total_sequence_length", size],
+                )
+            )
+        key = g.op("Concat", [f"past_key_values.{index}.key", k], outputs=[f"present.{index}.key"], axis=2)
+        value = g.op("Concat", [f"past_key_values.{index}.value", v], outputs=[f"present.{index}.value"], axis=2)
+        key = _repeat_kv(g, key, kv_heads, heads // kv_heads, size, f"block{index}.keys")
+        value = _repeat_kv(g, value, kv_heads, heads // kv_heads, size, f"block{index}.values")
+        scores = g.op("MatMul", [q, g.op("Transpose", [key], perm=[0, 1, 3, 2])])
+        if scaling is not None:
+            scores = g.op("Mul", [scores, g.const(np.float32(scaling), "scaling")])
+        probabilities = g.op("Softmax", [g.op("Add", [scores, self.mask])], f"block{index}.attention", axis=-1)
+        context = g.op("Transpose", [g.op("MatMul", [probabilities, value])], perm=[0, 2, 1, 3])
+        return g.op("Reshape", [context, g.const([0, 0, heads * size], "shape", np.int64)], f"block{index}.context")
+
+    def model(self, logits: str) -> onnx.ModelProto:
+        self.g.op("Identity", [logits], outputs=["logits"])
+        graph = helper.make_graph(self.g.nodes, "decoder_with_past", self.inputs, self.outputs, self.g.initializers)
+        opsets = [helper.make_opsetid("", OPSET), helper.make_opsetid(DOMAIN, 1)]
+        return helper.make_model(graph, opset_imports=opsets, producer_name="mqbench")
+
+
+def _llama(
+    d: _Decoder, source: Mapping[str, Any], weights: Mapping[str, np.ndarray], table: Mapping[str, TensorQParams]
+) -> str:
+    """Llama's embedding, blocks and final norm: the hidden states ``[B, S, hidden]``."""
+    g = d.g
+    hidden, heads = int(source["hidden_size"]), int(source["num_attention_heads"])
+    kv_heads = int(source.get("num_key_value_heads") or heads)
+    size = int(source.get("head_dim") or hidden // heads)
+    eps = float(source.get("rms_norm_eps") or 1e-6)
+    cos_table, sin_table = _rotary_tables(source, size, int(source.get("max_position_embeddings") or 2048))
+    axes1 = g.const([1], "axes", np.int64)
+    cos = g.op("Unsqueeze", [g.op("Gather", [g.const(cos_table, "cos_table"), "position_ids"]), axes1], "cos")
+    sin = g.op("Unsqueeze", [g.op("Gather", [g.const(sin_table, "sin_table"), "position_ids"]), axes1], "sin")
     x = g.op("Gather", [g.const(weights["model.embed_tokens.weight"], "embed_tokens"), "input_ids"], "embedded")
-    inputs = [
-        helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch_size", "sequence_length"]),
-        helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch_size", "total_sequence_length"]),
-        helper.make_tensor_value_info("position_ids", TensorProto.INT64, ["batch_size", "sequence_length"]),
-    ]
-    outputs = [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch_size", "sequence_length", vocab])]
-    for i in range(layers):
+    for i in range(int(source["num_hidden_layers"])):
         prefix = f"model.layers.{i}"
         normed = _rms_norm(g, x, weights[f"{prefix}.input_layernorm.weight"], eps, f"{prefix}.input_layernorm")
         q = _heads(g, _linear(g, normed, f"{prefix}.self_attn.q_proj", weights, table), heads, size, f"{prefix}.q")
         k = _heads(g, _linear(g, normed, f"{prefix}.self_attn.k_proj", weights, table), kv_heads, size, f"{prefix}.k")
         v = _heads(g, _linear(g, normed, f"{prefix}.self_attn.v_proj", weights, table), kv_heads, size, f"{prefix}.v")
         q, k = _rotary(g, q, cos, sin, f"{prefix}.q_rot"), _rotary(g, k, cos, sin, f"{prefix}.k_rot")
-        for kind in ("key", "value"):
-            inputs.append(
-                helper.make_tensor_value_info(
-                    f"past_key_values.{i}.{kind}",
-                    TensorProto.FLOAT,
-                    ["batch_size", kv_heads, "past_sequence_length", size],
-                )
-            )
-            outputs.append(
-                helper.make_tensor_value_info(
-                    f"present.{i}.{kind}", TensorProto.FLOAT, ["batch_size", kv_heads, "total_sequence_length", size]
-                )
-            )
-        key = g.op("Concat", [f"past_key_values.{i}.key", k], outputs=[f"present.{i}.key"], axis=2)
-        value = g.op("Concat", [f"past_key_values.{i}.value", v], outputs=[f"present.{i}.value"], axis=2)
-        key = _repeat_kv(g, key, kv_heads, heads // kv_heads, size, f"{prefix}.keys")
-        value = _repeat_kv(g, value, kv_heads, heads // kv_heads, size, f"{prefix}.values")
-        scores = g.op("Mul", [g.op("MatMul", [q, g.op("Transpose", [key], perm=[0, 1, 3, 2])]), scaling])
-        weights_ = g.op("Softmax", [g.op("Add", [scores, mask])], f"{prefix}.attention", axis=-1)
-        context = g.op("Transpose", [g.op("MatMul", [weights_, value])], perm=[0, 2, 1, 3])
-        context = g.op("Reshape", [context, g.const([0, 0, heads * size], "shape", np.int64)], f"{prefix}.context")
+        context = d.attention(q, k, v, i, (heads, kv_heads, size), size**-0.5)
         x = g.op("Add", [x, _linear(g, context, f"{prefix}.self_attn.o_proj", weights, table)], f"{prefix}.residual")
         normed = _rms_norm(
             g, x, weights[f"{prefix}.post_attention_layernorm.weight"], eps, f"{prefix}.post_attention_layernorm"
@@ -215,14 +251,70 @@ def build_decoder(source: Mapping[str, Any], weights: Mapping[str, np.ndarray], 
         up = _linear(g, normed, f"{prefix}.mlp.up_proj", weights, table)
         act = g.op("Mul", [g.op("Mul", [gate, g.op("Sigmoid", [gate])]), up], f"{prefix}.mlp.act")
         x = g.op("Add", [x, _linear(g, act, f"{prefix}.mlp.down_proj", weights, table)], f"{prefix}.output")
-    x = _rms_norm(g, x, weights["model.norm.weight"], eps, "model.norm")
+    return _rms_norm(g, x, weights["model.norm.weight"], eps, "model.norm")
+
+
+def _layer_norm(g: _Graph, x: str, weights: Mapping[str, np.ndarray], name: str) -> str:
+    """``nn.LayerNorm`` ``name`` (gain and bias, epsilon 1e-5) over the last axis."""
+    scale, bias = (
+        g.const(weights[f"{name}.{leaf}"].astype(np.float32), f"{name}.{leaf}") for leaf in ("weight", "bias")
+    )
+    return g.op("LayerNormalization", [x, scale, bias], name, axis=-1, epsilon=1e-5)
+
+
+def _affine(g: _Graph, x: str, name: str, weights: Mapping[str, np.ndarray], table: Mapping[str, TensorQParams]) -> str:
+    """The linear layer ``name`` with its bias."""
+    return g.op("Add", [_linear(g, x, name, weights, table), g.const(weights[f"{name}.bias"], f"{name}.bias")], name)
+
+
+def _opt(
+    d: _Decoder, source: Mapping[str, Any], weights: Mapping[str, np.ndarray], table: Mapping[str, TensorQParams]
+) -> str:
+    """OPT's embedding (positions looked up at ``position_ids + 2``), its blocks with GPT-2's tanh GELU (the
+    query scaled before its product with the keys, as OPT scales it) and the final norm."""
+    g = d.g
+    hidden, heads = int(source["hidden_size"]), int(source["num_attention_heads"])
+    size = hidden // heads
+    scaling = g.const(np.float32(size**-0.5), "scaling")
+    positions = g.op("Add", ["position_ids", g.const(2, "offset", np.int64)], "positions")
+    x = g.op(
+        "Add",
+        [
+            g.op("Gather", [g.const(weights["model.decoder.embed_tokens.weight"], "embed_tokens"), "input_ids"]),
+            g.op("Gather", [g.const(weights["model.decoder.embed_positions.weight"], "embed_positions"), positions]),
+        ],
+        "embedded",
+    )
+    for i in range(int(source["num_hidden_layers"])):
+        prefix = f"model.decoder.layers.{i}"
+        normed = _layer_norm(g, x, weights, f"{prefix}.self_attn_layer_norm")
+        q = g.op("Mul", [_affine(g, normed, f"{prefix}.self_attn.q_proj", weights, table), scaling], f"{prefix}.q")
+        q = _heads(g, q, heads, size, f"{prefix}.q_heads")
+        k = _heads(g, _affine(g, normed, f"{prefix}.self_attn.k_proj", weights, table), heads, size, f"{prefix}.k")
+        v = _heads(g, _affine(g, normed, f"{prefix}.self_attn.v_proj", weights, table), heads, size, f"{prefix}.v")
+        context = d.attention(q, k, v, i, (heads, heads, size), None)
+        x = g.op("Add", [x, _affine(g, context, f"{prefix}.self_attn.out_proj", weights, table)], f"{prefix}.residual")
+        normed = _layer_norm(g, x, weights, f"{prefix}.final_layer_norm")
+        act = g.op("Gelu", [_affine(g, normed, f"{prefix}.fc1", weights, table)], f"{prefix}.gelu", approximate="tanh")
+        x = g.op("Add", [x, _affine(g, act, f"{prefix}.fc2", weights, table)], f"{prefix}.output")
+    return _layer_norm(g, x, weights, "model.decoder.final_layer_norm")
+
+
+_EMBEDDING = {"llama": "model.embed_tokens.weight", "opt": "model.decoder.embed_tokens.weight"}
+
+
+def build_decoder(
+    source: Mapping[str, Any], weights: Mapping[str, np.ndarray], table: Mapping[str, TensorQParams]
+) -> onnx.ModelProto:
+    """The decoder with a KV cache (see the module docstring) from ``source`` (the Hugging Face configuration, a
+    Llama or an OPT with GPT-2's blocks) and ``weights`` (parameter name -> float32 array, the deployed values,
+    by the architecture's names; ``table`` keyed by the same names)."""
+    d = _Decoder(int(source["vocab_size"]))
+    kind = str(source.get("model_type"))
+    x = _opt(d, source, weights, table) if kind == "opt" else _llama(d, source, weights, table)
     head = dict(weights)
-    head.setdefault("lm_head.weight", weights["model.embed_tokens.weight"])  # tied
-    logits = _linear(g, x, "lm_head", head, table)
-    g.op("Identity", [logits], outputs=["logits"])
-    graph = helper.make_graph(g.nodes, "decoder_with_past", inputs, outputs, g.initializers)
-    opsets = [helper.make_opsetid("", OPSET), helper.make_opsetid(DOMAIN, 1)]
-    return helper.make_model(graph, opset_imports=opsets, producer_name="mqbench")
+    head.setdefault("lm_head.weight", weights[_EMBEDDING[kind]])  # tied
+    return d.model(_linear(d.g, x, "lm_head", head, table))
 
 
 def _genai_config(source: Mapping[str, Any], filename: str) -> dict[str, Any]:
@@ -257,7 +349,7 @@ def _genai_config(source: Mapping[str, Any], filename: str) -> dict[str, Any]:
             },
             "eos_token_id": eos,
             "pad_token_id": source.get("pad_token_id") if source.get("pad_token_id") is not None else eos,
-            "type": "llama",
+            "type": "decoder" if source.get("model_type") == "opt" else "llama",  # genai's generic decoder
             "vocab_size": int(source["vocab_size"]),
         },
         "search": {
@@ -281,23 +373,27 @@ def _genai_config(source: Mapping[str, Any], filename: str) -> dict[str, Any]:
 
 def write(context: DeployContext) -> Path | None:
     """``{model_name}_genai/`` (``model.onnx``, ``genai_config.json``); None for a model that is not a plain
-    Llama-architecture Hugging Face model (a rotated one with a warning)."""
-    checkpoint = hf_checkpoint(context, KEY, ("llama",))
+    Llama-architecture Hugging Face model or an OPT one with GPT-2's blocks (a rotated one with a warning)."""
+    checkpoint = hf_checkpoint(context, KEY, ("llama", "opt"))
     if checkpoint is None:
         return None
     source = checkpoint.config
     rope = source.get("rope_parameters") or source.get("rope_scaling") or {}
     if rope.get("rope_type", "default") != "default" or source.get("attention_bias") or source.get("mlp_bias"):
         return None
+    if source.get("model_type") == "opt" and unlike_gpt2(source):
+        return None
     activations = [tensor for tensor, entry in context.table.items() if entry.kind != "weight"]
     if activations:
         return None  # weight-only decoders only
-    weights = {name: value.float().numpy() for name, value in checkpoint.weights.items()}
-    return write_folder(context.folder / f"{context.model_name}{SUFFIX}", source, weights, context.table)
+    names = checkpoint.names
+    weights = {names.rename(name): value.float().numpy() for name, value in checkpoint.weights.items()}
+    table = {names.rename(name): entry for name, entry in context.table.items()}
+    return write_folder(context.folder / f"{context.model_name}{SUFFIX}", source, weights, table)
 
 
 def write_folder(
-    folder: Path, source: Mapping[str, Any], weights: Mapping[str, np.ndarray], table: QParamTable
+    folder: Path, source: Mapping[str, Any], weights: Mapping[str, np.ndarray], table: Mapping[str, TensorQParams]
 ) -> Path:
     """``folder`` (created) with the decoder of ``weights`` (``table``'s quantized layers as MatMulNBits; an empty
     table: the float decoder), ``genai_config.json`` and the tokenizer's files of the source's folder."""
@@ -338,7 +434,7 @@ def verify(result: Any, feeds: Mapping[str, np.ndarray], run: Any) -> ArtifactRe
     report = ArtifactReport(KEY, "onnxruntime (KV cache)")
     folder = result.artifacts[KEY]
     config = json.loads((Path(folder) / "genai_config.json").read_text())
-    ids = np.asarray(feeds["input_ids"])
+    ids = np.asarray(Names(getattr(run.model, SOURCE_CONFIG, None) or {}).arguments(feeds)["input_ids"])
     session = _session(folder)
     prefill, past = run_step(session, config, ids[:, :-1], None)
     decode, _ = run_step(session, config, ids[:, -1:], past)
@@ -354,4 +450,9 @@ def serve(result: Any) -> Any:
     folder = result.artifacts[KEY]
     config = json.loads((Path(folder) / "genai_config.json").read_text())
     session = _session(folder)
-    return lambda feeds: [run_step(session, config, np.asarray(feeds["input_ids"]), None)[0]]
+
+    def logits(feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+        ids = feeds["input_ids"] if "input_ids" in feeds else next(iter(feeds.values()))  # one input: token ids
+        return [run_step(session, config, np.asarray(ids), None)[0]]
+
+    return logits
