@@ -26,8 +26,16 @@ calibrated on 8 windows of 256 training tokens, W8A8 without SmoothQuant and wit
 (``calibrate(smooth="after_norm")``: the scales the folder holds, in the norms' gains): size, verification, and the
 perplexity of the simulation and of transformers' model loaded from the folder.
 
+``--decoder``: the same on the project's decoder (``trained_decoder()``: 4 blocks, width 128, byte-level, trained
+here; written as OPT for compressed-tensors, GGUF's ``gpt2`` and genai's generic ``decoder``), on its 64 held-out
+windows of 128 bytes: W4A16 and W8A16 (all three checkpoints, each one's perplexity as its runtime computes it from
+the file: transformers for the folder and the GGUF file, onnxruntime for the KV-cache decoder, whole windows as
+prefills), the genai decoder's speed against the float one (a 64-byte prompt, 64 new bytes), and the W8A8 / FP8
+folders (attention by ``scaled_dot_product_attention``, calibrated on 32 training windows).
+
 Run: .venv/bin/python benchmarks/llm_serving.py [--windows 8] [--llama-python /tmp/llamavenv/bin/python]
-[--activation-only] Writes benchmarks/results/llm_serving.json (``--activation-only`` keeps its weight-only rows).
+[--activation-only | --decoder] Writes benchmarks/results/llm_serving.json (``--activation-only`` keeps its
+weight-only rows, ``--decoder`` adds its key ``decoder``).
 """
 
 from __future__ import annotations
@@ -340,6 +348,160 @@ def run_activation_quantized(args: argparse.Namespace) -> dict[str, Any]:
     return rows
 
 
+def run_decoder(args: argparse.Namespace) -> dict[str, Any]:
+    """The project's decoder in the three checkpoints (see the module docstring)."""
+    from mqbench.advanced_ptq import calibrate
+    from mqbench.advanced_ptq.weight_only import calibrate_weights
+    from mqbench.convert_deploy import convert_deploy
+    from mqbench.deploy.onnx_graph import ort_session
+    from mqbench.deploy.verify import verify_deploy
+    from mqbench.deploy.writers.compressed_tensors import _load as load_folder
+    from mqbench.deploy.writers.genai import run_step, write_folder
+    from mqbench.deploy.writers.gguf import _load as load_gguf
+    from mqbench.models.decoder import TinyGPT, token_windows, trained_decoder, window_perplexity
+    from mqbench.prepare_by_platform import prepare_by_platform
+    from mqbench.qparams import QParamTable
+    from mqbench.utils.hf_capture import PARAMETER_NAMES, SOURCE_CONFIG
+    from mqbench.utils.state import enable_quantization
+
+    torch.set_num_threads(args.threads)
+    model, train, held_bytes = trained_decoder()
+
+    def own(m: Any) -> Any:
+        def logits(ids: torch.Tensor) -> torch.Tensor:  # the model's logits, however its graph returns them
+            out = m(ids)
+            return out if isinstance(out, torch.Tensor) else out[0]
+
+        return logits
+
+    held = token_windows(held_bytes, model.context + 1, 64, seed=1000)
+    calibration = token_windows(train, model.context, 32, seed=0)
+    batches = list(held.split(16))
+    scratch = Path(tempfile.mkdtemp(prefix="llm_serving_decoder_"))
+    rows: dict[str, Any] = {"float": {"perplexity": window_perplexity(model, batches)}}
+    rows["float"]["float16_bytes"] = 2 * sum(p.numel() for p in model.parameters())  # tied: counted once
+    hf_logits = lambda m: lambda ids: m(input_ids=ids).logits  # noqa: E731
+    sample = (held[:2, :64],)
+    for backend in ("llm_w4a16", "llm_w8a16"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            qmodel = prepare_by_platform(
+                model, backend, {"example_inputs": sample, "extra_qconfig_dict": {"w_qscheme": SCHEME}}
+            )
+            calibrate_weights(qmodel)
+            enable_quantization(qmodel)
+            result = convert_deploy(qmodel, backend, dummy_input=sample, output_path=scratch / backend)
+            report = verify_deploy(qmodel, result, sample, ["compressed_tensors", "gguf", "genai"], fidelity=False)
+            folder, gguf_file = load_folder(result.artifacts["compressed_tensors"]), load_gguf(result.artifacts["gguf"])
+        genai = Path(result.artifacts["genai"])
+        session = ort_session(str(genai / "model.onnx"), optimize=False)
+        config = json.loads((genai / "genai_config.json").read_text())
+        served = {
+            "compressed_tensors": hf_logits(folder),
+            "gguf": hf_logits(gguf_file),
+            "genai": lambda ids: torch.from_numpy(run_step(session, config, ids.numpy(), None)[0]),  # noqa: B023
+        }
+        row: dict[str, Any] = {
+            "passed": report.passed,
+            "failures": report.failures(),
+            "simulation_perplexity": window_perplexity(own(qmodel), batches),
+            "artifacts": {},
+        }
+        for key, logits_of in served.items():
+            art = report.artifacts[key]
+            row["artifacts"][key] = {
+                "bytes": _size(result.artifacts[key]),
+                "max_weight_lsb": art.max_lsb_diff,
+                "weights_checked": len(art.per_tensor),
+                "logits_max_abs_diff": max((d.max_abs_diff for d in art.outputs.values()), default=None),
+                "loader_perplexity": window_perplexity(logits_of, batches),
+            }
+        float_decoder = scratch / f"float_genai_{backend}"
+        names = getattr(qmodel, SOURCE_CONFIG)[PARAMETER_NAMES]
+        weights = {names[n]: v.detach().numpy() for n, v in model.named_parameters()}
+        weights["model.decoder.embed_positions.weight"] = np.concatenate(
+            [
+                np.zeros((2, weights["model.decoder.embed_positions.weight"].shape[1]), np.float32),
+                weights["model.decoder.embed_positions.weight"],
+            ]
+        )
+        write_folder(float_decoder, getattr(qmodel, SOURCE_CONFIG), weights, QParamTable({}))
+        for path in (float_decoder, genai):
+            _threads(path, args.threads)
+        prompt = held[1:2, :64].numpy().astype(np.int32)
+        timing = _timed({"float": float_decoder, backend: genai}, prompt, args.repeats)
+        row["genai"] = {
+            "float_prefill_ms": timing["float"]["prefill_ms"],
+            "prefill_ms": timing[backend]["prefill_ms"],
+            "float_decode_tokens_per_s": timing["float"]["decode_tokens_per_s"],
+            "decode_tokens_per_s": timing[backend]["decode_tokens_per_s"],
+            "decode_speedup": timing["decode_speedup"],
+            "greedy_equal_to_simulation": sum(
+                a == b
+                for a, b in zip(timing[backend]["tokens"], _greedy(own(qmodel), held[1:2, :64], TIMED_NEW), strict=True)
+            ),
+        }
+        rows[backend] = row
+    sdpa = TinyGPT(model.tokens.embedding_dim, len(model.blocks), model.heads, model.context, attention="sdpa").eval()
+    sdpa.load_state_dict(model.state_dict())
+    for row_name, (backend, options, smooth) in ACTIVATION_BACKENDS.items():
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            qmodel = prepare_by_platform(sdpa, backend, {"example_inputs": sample, **options})
+            calibrate(qmodel, list(calibration.split(8)), smooth=smooth)
+            result = convert_deploy(qmodel, backend, dummy_input=sample, output_path=scratch / row_name)
+            report = verify_deploy(qmodel, result, sample, ["compressed_tensors"], fidelity=False)
+            served_folder = load_folder(result.artifacts["compressed_tensors"])
+        art = report.artifacts["compressed_tensors"]
+        rows[row_name] = {
+            "passed": report.passed,
+            "failures": report.failures(),
+            "bytes": _size(result.artifacts["compressed_tensors"]),
+            "max_weight_lsb": art.max_lsb_diff,
+            "weights_checked": len(art.per_tensor),
+            "logits_max_abs_diff": max((d.max_abs_diff for d in art.outputs.values()), default=None),
+            "simulation_perplexity": window_perplexity(own(qmodel), batches),
+            "loader_perplexity": window_perplexity(hf_logits(served_folder), batches),
+        }
+    rows["scratch"] = str(scratch)
+    return rows
+
+
+def print_decoder(rows: dict[str, Any]) -> None:
+    float16 = rows["float"]["float16_bytes"]
+    table = [["float", f"{float16 / 2**20:.2f} MiB (fp16)", "-", "-", "-", f"{rows['float']['perplexity']:.4f}"]]
+    for name, row in rows.items():
+        if name in ("float", "scratch"):
+            continue
+        table.append([f"{name} simulation", "-", "-", "-", "-", f"{row['simulation_perplexity']:.4f}"])
+        for key, entry in row.get("artifacts", {"compressed_tensors": row}).items():
+            table.append(
+                [
+                    f"  {key}",
+                    f"{entry['bytes'] / 2**20:.2f} MiB",
+                    f"{entry['bytes'] / float16:.2f}",
+                    f"{entry['max_weight_lsb']:g} ({entry['weights_checked']} weights)",
+                    f"{entry['logits_max_abs_diff']:.2g}",
+                    f"{entry['loader_perplexity']:.4f}",
+                ]
+            )
+        if "genai" in row:
+            timing = row["genai"]
+            table.append(
+                [
+                    "  genai speed",
+                    f"prefill {timing['float_prefill_ms']:.1f} / {timing['prefill_ms']:.1f} ms",
+                    "",
+                    f"decode {timing['float_decode_tokens_per_s']:.0f} / {timing['decode_tokens_per_s']:.0f} tok/s",
+                    f"x{timing['decode_speedup']:.2f}",
+                    f"greedy {timing['greedy_equal_to_simulation']}/{TIMED_NEW}",
+                ]
+            )
+    print_table(
+        ["project's decoder", "size", "x fp16", "max weight LSB", "max |logit diff|", "perplexity (runtime)"], table
+    )
+
+
 def llama_cpp_only(args: argparse.Namespace) -> None:
     """llama.cpp's greedy tokens for the GGUF files an earlier run left in ``--llama-only`` (its scratch folder),
     against the simulation's tokens that run wrote, written into its JSON."""
@@ -381,7 +543,18 @@ def main() -> None:
     parser.add_argument(
         "--activation-only", action="store_true", help="measure the W8A8 / FP8 folders only, kept beside the JSON's"
     )
+    parser.add_argument("--decoder", action="store_true", help="the project's decoder only, kept beside the JSON's")
     args = parser.parse_args()
+    if args.decoder:
+        decoder = run_decoder(args)
+        print_decoder(decoder)
+        earlier = RESULTS / "llm_serving.json"
+        payload = json.loads(earlier.read_text()) if earlier.is_file() else {"rows": {}}
+        payload["decoder"] = decoder
+        payload.pop("machine", None)
+        payload.pop("host", None)
+        print(f"wrote {write_json('llm_serving', payload)}")
+        sys.exit(0 if all(r["passed"] for k, r in decoder.items() if k not in ("float", "scratch")) else 1)
     if args.llama_only:
         llama_cpp_only(args)
         return
