@@ -1,4 +1,4 @@
-"""docs/llm_quantization.md runs as written: GPTQ at W4A16 and its deployment verify, GPTQ on weights kept on disk
+"""docs/llm_quantization.md runs as written: GPTQ at W3A16 and its deployment verify, GPTQ on weights kept on disk
 (the same model), the FP8 / W8A8 / W3A16 part, and the checkpoints LLM runtimes load (loaded as a user would);
 GPTQ's perplexity is below rounding to nearest's on the same decoder."""
 
