@@ -12,7 +12,7 @@ not written, with a warning naming the scales, and the ONNX artifacts hold the m
 
 A model that computes an architecture without being its class (the project's decoder, written as OPT) declares
 it with ``checkpoint_config()``: the checkpoint holds its parameters under the architecture's names
-(:meth:`Checkpoint.rename`), with the zero rows the architecture puts in front of a table.
+(:meth:`Names.rename`), with the zero rows the architecture puts in front of a table.
 """
 
 from __future__ import annotations
