@@ -33,15 +33,22 @@ def np_fake_quant(x: np.ndarray, scale: float, zero_point: int, qmin: int, qmax:
 
 
 def check_per_channel_matches_slices(
-    make: Callable[..., torch.nn.Module], batch_list: list[torch.Tensor], axis: int, qscheme, rtol: float = 1e-6
+    make: Callable[..., torch.nn.Module],
+    batch_list: list[torch.Tensor],
+    axis: int,
+    qscheme,
+    rtol: float = 1e-6,
+    make_single: Callable[..., torch.nn.Module] | None = None,
 ) -> None:
-    """A per-channel observer on ``axis`` gives, channel by channel, the qparams of a per-tensor one on that slice."""
+    """A per-channel observer on ``axis`` gives, channel by channel, the qparams of a per-tensor one on that slice
+    (made by ``make_single``, default ``make``)."""
+    make_single = make_single or make
     per_channel = observe(make(qscheme=qscheme, ch_axis=axis), batch_list)
     scale, zero_point = per_channel.calculate_qparams()
     channels = batch_list[0].shape[axis]
     assert scale.shape == (channels,) and zero_point.shape == (channels,)
     for c in range(channels):
-        single = observe(make(qscheme=PER_TENSOR[qscheme]), [x.select(axis, c) for x in batch_list])
+        single = observe(make_single(qscheme=PER_TENSOR[qscheme]), [x.select(axis, c) for x in batch_list])
         s, z = single.calculate_qparams()
         assert s.shape == (1,)
         torch.testing.assert_close(scale[c : c + 1], s, rtol=rtol, atol=0)

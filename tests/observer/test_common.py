@@ -26,6 +26,7 @@ from mqbench.observer import (
     KLDObserver,
     LSQObserver,
     LSQPlusObserver,
+    MeanMinMaxObserver,
     MinMaxFloorObserver,
     MinMaxObserver,
     MSEObserver,
@@ -49,6 +50,9 @@ class Spec:
     histogram: bool = False  # takes ``bins``
     channel_change: str = _CHANNEL_CHANGE  # the message when the channel count changes
     constant_exact: bool = True  # a per-tensor affine grid hits a constant input exactly
+    # the per-tensor observer a per-channel one equals on each channel's slice (None: the same class); a mean
+    # over samples per tensor keeps each channel's extremes per channel
+    slice_reference: type[ObserverBase] | None = None
 
     def make(self, bins: int | None = None, **kwargs):
         """The observer with ``kwargs``; ``bins`` goes to histogram observers only."""
@@ -63,6 +67,7 @@ class Spec:
 _SPECS = [
     Spec(MinMaxObserver),
     Spec(EMAMinMaxObserver),
+    Spec(MeanMinMaxObserver, slice_reference=MinMaxObserver),
     Spec(MinMaxFloorObserver),
     Spec(PoTModeObserver),
     Spec(EMAQuantileObserver, rtol=1e-5),
@@ -117,7 +122,10 @@ def test_per_channel_equals_per_slice(spec: Spec, case: str, axis: int, qscheme)
     def make(**kw):
         return spec.make(quant_min=qmin, quant_max=qmax, bins=128, **kw)
 
-    check_per_channel_matches_slices(make, data(), axis, qscheme, rtol=spec.rtol)
+    def make_single(**kw):
+        return spec.slice_reference(quant_min=qmin, quant_max=qmax, **kw) if spec.slice_reference else make(**kw)
+
+    check_per_channel_matches_slices(make, data(), axis, qscheme, rtol=spec.rtol, make_single=make_single)
 
 
 # (quant_min, quant_max, qscheme): 4-bit unsigned both ways, 8-bit unsigned affine, 4-bit signed symmetric.
@@ -151,7 +159,10 @@ def test_per_channel_property(
     def make(**kw):
         return spec.make(quant_min=qmin, quant_max=qmax, bins=64, **kw)
 
-    check_per_channel_matches_slices(make, data, axis, qscheme, rtol=spec.rtol)
+    def make_single(**kw):
+        return spec.slice_reference(quant_min=qmin, quant_max=qmax, **kw) if spec.slice_reference else make(**kw)
+
+    check_per_channel_matches_slices(make, data, axis, qscheme, rtol=spec.rtol, make_single=make_single)
 
 
 @each_observer

@@ -1,4 +1,4 @@
-"""MinMax, EMAMinMax, MinMaxFloor and PoTMode observers against NumPy references."""
+"""MinMax, EMAMinMax, MeanMinMax, MinMaxFloor and PoTMode observers against NumPy references."""
 
 from __future__ import annotations
 
@@ -10,7 +10,13 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mqbench.observer import EMAMinMaxObserver, MinMaxFloorObserver, MinMaxObserver, PoTModeObserver
+from mqbench.observer import (
+    EMAMinMaxObserver,
+    MeanMinMaxObserver,
+    MinMaxFloorObserver,
+    MinMaxObserver,
+    PoTModeObserver,
+)
 from observer_helpers import EPS, batches, np_fake_quant
 
 
@@ -117,3 +123,41 @@ def test_pot_mode_tie_goes_to_larger_scale() -> None:
     obs(torch.full((10,), 127.0))  # exponent 0
     obs(torch.full((10,), 254.0))  # exponent 1
     assert obs.calculate_qparams()[0].item() == 2.0
+
+
+# -- MeanMinMaxObserver ------------------------------------------------------------------------------
+
+
+def test_mean_min_max_averages_each_sample_whatever_the_batching() -> None:
+    torch.manual_seed(0)
+    data = torch.randn(7, 3, 5, 5) * torch.linspace(0.5, 4.0, 7).view(7, 1, 1, 1)
+    expected_low = float(sum(sample.min() for sample in data) / len(data))
+    expected_high = float(sum(sample.max() for sample in data) / len(data))
+    for sizes in ([7], [1] * 7, [2, 4, 1]):
+        observer = MeanMinMaxObserver()
+        for batch in data.split(sizes):
+            observer(batch)
+        assert observer.min_val.item() == pytest.approx(expected_low, rel=1e-6)
+        assert observer.max_val.item() == pytest.approx(expected_high, rel=1e-6)
+    # an outlier sample moves the range by its share, where the running min/max follows it whole
+    spiked = data.clone()
+    spiked[3, 0, 0, 0] = 100.0
+    observer, running = MeanMinMaxObserver(), MinMaxObserver()
+    observer(spiked), running(spiked)
+    assert running.max_val.item() == 100.0
+    assert observer.max_val.item() == pytest.approx(expected_high + (100.0 - float(data[3].max())) / 7, rel=1e-6)
+
+
+def test_mean_min_max_keeps_channel_extremes_and_forgets_on_reset() -> None:
+    torch.manual_seed(1)
+    data = torch.randn(4, 3, 6)
+    observer = MeanMinMaxObserver(qscheme=torch.per_channel_symmetric, ch_axis=1)
+    observer(data[:1]), observer(data[1:])
+    assert torch.equal(observer.max_val, data.amax(dim=(0, 2)))
+    assert torch.equal(observer.min_val, data.amin(dim=(0, 2)))
+    per_tensor = MeanMinMaxObserver()
+    per_tensor(data), per_tensor(data)
+    per_tensor.num_batches.zero_()  # what mqbench.utils.state.reset_observers does
+    per_tensor(data[2:])
+    assert per_tensor.max_val.item() == pytest.approx(float(data[2:].amax(dim=(1, 2)).mean()), rel=1e-6)
+    assert int(per_tensor.samples) == 2

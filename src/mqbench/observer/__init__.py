@@ -17,7 +17,13 @@ from __future__ import annotations
 
 from mqbench.observer.base import NonFiniteInputError, ObserverBase
 from mqbench.observer.histogram import HistogramObserver, KLDObserver, PercentileObserver
-from mqbench.observer.minmax import EMAMinMaxObserver, MinMaxFloorObserver, MinMaxObserver, PoTModeObserver
+from mqbench.observer.minmax import (
+    EMAMinMaxObserver,
+    MeanMinMaxObserver,
+    MinMaxFloorObserver,
+    MinMaxObserver,
+    PoTModeObserver,
+)
 from mqbench.observer.mse import EMAMSEObserver, MSEObserver
 from mqbench.observer.statistics import ClipStdObserver, EMAQuantileObserver, LSQObserver, LSQPlusObserver
 from mqbench.utils.registry import Registry
@@ -32,6 +38,7 @@ __all__ = [
     "LSQObserver",
     "LSQPlusObserver",
     "MSEObserver",
+    "MeanMinMaxObserver",
     "MinMaxFloorObserver",
     "MinMaxObserver",
     "NonFiniteInputError",
@@ -49,6 +56,7 @@ ObserverDict: Registry[type[ObserverBase]] = Registry(
         for cls in (
             MinMaxObserver,
             EMAMinMaxObserver,
+            MeanMinMaxObserver,
             MinMaxFloorObserver,
             PoTModeObserver,
             EMAQuantileObserver,

@@ -10,7 +10,7 @@ from torch import Tensor
 from mqbench.observer.base import EMARange, ObserverBase, row_min_max
 from mqbench.observer.search import quantization_error
 
-__all__ = ["EMAMinMaxObserver", "MinMaxFloorObserver", "MinMaxObserver", "PoTModeObserver"]
+__all__ = ["EMAMinMaxObserver", "MeanMinMaxObserver", "MinMaxFloorObserver", "MinMaxObserver", "PoTModeObserver"]
 
 
 class MinMaxObserver(ObserverBase):
@@ -40,6 +40,50 @@ class EMAMinMaxObserver(EMARange):
         lo, hi = row_min_max(rows)
         self.check_finite(lo, hi)
         return lo, hi
+
+
+class MeanMinMaxObserver(ObserverBase):
+    """Per tensor, the mean over every observed sample of the sample's min and max; per channel, the running min/max.
+
+    Each sample (an index of the tensor's first axis, the batch) gives its own minimum and maximum;
+    the range is their running average over all samples seen, whatever the batching. One outlier
+    image then widens the grid by its share of the data instead of setting it, as the running
+    min/max lets it. A 0-d or 1-d tensor is one sample. A channel's extremes vary between samples far
+    more than a whole tensor's (a channel of a ReLU output is zero in most images), so averaging them
+    would clip most channels: per-channel schemes keep each channel's extremes over all samples, as
+    :class:`MinMaxObserver`. Both are the defaults of OpenVINO's post-training tools.
+
+    Example:
+        >>> import torch
+        >>> obs = MeanMinMaxObserver()
+        >>> _ = obs(torch.tensor([[0.0, 2.0], [-1.0, 4.0]])); _ = obs(torch.tensor([[0.0, 6.0]]))
+        >>> obs.min_val.item(), obs.max_val.item()
+        (-0.3333333432674408, 4.0)
+    """
+
+    samples: Tensor
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.register_buffer("samples", torch.tensor(0, dtype=torch.int64))
+
+    def forward(self, x: Tensor) -> Tensor:
+        if x.numel() == 0 or self.is_per_channel:
+            return super().forward(x)
+        value = x.detach()
+        per_sample = value.reshape(value.shape[0] if value.dim() > 1 else 1, -1).float()
+        lo, hi = per_sample.amin(dim=1), per_sample.amax(dim=1)
+        self.check_finite(lo, hi)
+        seen = int(self.samples) if self.num_batches > 0 else 0  # a reset observer forgets its samples
+        total = seen + lo.numel()
+        if seen == 0:
+            self.min_val, self.max_val = lo.mean(), hi.mean()
+        else:
+            self.min_val = (self.min_val * seen + lo.sum()) / total
+            self.max_val = (self.max_val * seen + hi.sum()) / total
+        self.samples.fill_(total)
+        self.num_batches += 1
+        return x
 
 
 def _symmetric_pot_exponent(amax: Tensor, quant_max: int, eps: float) -> Tensor:
