@@ -38,6 +38,7 @@ from mqbench.custom_quantizer.ops import node_kind
 from mqbench.custom_quantizer.plan import plan_of
 from mqbench.observer import ObserverDict
 from mqbench.observer.base import ObserverBase
+from mqbench.utils.host import int8_pairs_saturate
 from mqbench.utils.logger import logger
 from mqbench.utils.role import role_of
 from mqbench.utils.state import (
@@ -47,7 +48,13 @@ from mqbench.utils.state import (
     reset_observers,
 )
 
-__all__ = ["calibrate", "put_back_observers", "recipe_of", "use_activation_observer"]
+__all__ = [
+    "calibrate",
+    "narrow_weights_after_signed_inputs",
+    "put_back_observers",
+    "recipe_of",
+    "use_activation_observer",
+]
 
 
 def _spec(model: fx.GraphModule) -> BackendSpec | None:
@@ -61,6 +68,47 @@ def _normalizes_layers(model: fx.GraphModule) -> bool:
     """Whether ``model`` has a LayerNorm (a transformer: its residual stream carries outlier channels)."""
     modules = dict(model.named_modules())
     return any(node_kind(node, modules) == "layernorm" for node in model.graph.nodes)
+
+
+# ops between an input quantizer and the layer reading it that keep its values (and so its sign)
+_KEEPS_VALUES = frozenset({"flatten", "reshape", "view", "dropout", "contiguous"})
+
+
+def _reads_signed_input(node: fx.Node, modules: dict[str, nn.Module]) -> bool:
+    source = node.args[0] if node.args else None
+    for _ in range(4):
+        if not isinstance(source, fx.Node):
+            return False
+        module = modules.get(str(source.target)) if source.op == "call_module" else None
+        if module is not None and hasattr(module, "activation_post_process"):
+            return int(cast(Any, module).quant_min) < 0
+        name = getattr(source.target, "__name__", str(source.target))
+        if type(module).__name__.lower() not in _KEEPS_VALUES and name not in _KEEPS_VALUES:
+            return False
+        source = source.args[0] if source.args else None
+    return False
+
+
+def narrow_weights_after_signed_inputs(model: fx.GraphModule) -> list[str]:
+    """Put the 8-bit signed weights of every layer whose input quantizer is signed on the 7-bit grid [-64, 63].
+
+    Returns the layers changed. Their weight quantizers observe again at the next calibration (their
+    ranges are computed for the new grid). See ``PTQRecipe.guard_pair_saturation``.
+    """
+    modules = dict(model.named_modules())
+    narrowed = []
+    for node in model.graph.nodes:
+        module = modules.get(str(node.target)) if node.op == "call_module" else None
+        quantizer = getattr(module, "weight_fake_quant", None)
+        if quantizer is None or not hasattr(quantizer, "activation_post_process"):
+            continue
+        low, high = int(quantizer.quant_min), int(quantizer.quant_max)
+        if low >= 0 or high - low + 1 not in (255, 256) or not _reads_signed_input(node, modules):
+            continue
+        for owner in (quantizer, quantizer.activation_post_process):
+            owner.quant_min, owner.quant_max = -64, 63
+        narrowed.append(str(node.target))
+    return narrowed
 
 
 def recipe_of(model: fx.GraphModule) -> PTQRecipe:
@@ -164,6 +212,9 @@ def calibrate(
     enable_calibration_woquantization(model, quantizer_type="act_fake_quant")
     one_pass(model, batches)  # block by block on a transformer
     put_back_observers(model, replaced)
+    if recipe.guard_pair_saturation and int8_pairs_saturate():
+        narrowed = narrow_weights_after_signed_inputs(model)
+        logger.info("calibration: 7-bit weights in %d layer(s) reading a signed input (no VNNI)", len(narrowed))
     enable_calibration_woquantization(model, quantizer_type="weight_fake_quant")
     call_with(model, batches[0])
     enable_quantization(model)

@@ -138,6 +138,10 @@ class Placement:
         unsigned_after: kinds whose output is non-negative: quantizers fed by them use an
             unsigned grid (the activation scheme with ``unsigned=True``).
         first_last_8bit: the first and last weighted layers keep 8-bit weights and inputs.
+        per_channel_depthwise_inputs: a quantizer read only by depthwise convolutions (groups equal to the
+            input channels, more than one) has a scale per channel (axis 1): each channel of a depthwise
+            convolution is its own dot product, so a per-channel input scale folds into that channel's
+            weights and the integer kernel stays the same (OpenVINO's CPU rules).
     """
 
     inputs_of: AbstractSet[str] = frozenset()
@@ -150,6 +154,7 @@ class Placement:
     shared_inputs_of: AbstractSet[str] = frozenset()
     unsigned_after: AbstractSet[str] = frozenset()
     first_last_8bit: bool = False
+    per_channel_depthwise_inputs: bool = False
 
     def __post_init__(self) -> None:
         for name in ("inputs_of", "outputs_of", "passthrough", "shared_inputs_of", "unsigned_after"):
@@ -173,6 +178,7 @@ class Placement:
             "fused_mul_add": "no quantizer between mul and its add",
             "add_needs_activations": "residual adds only",
             "first_last_8bit": "first/last layer 8-bit",
+            "per_channel_depthwise_inputs": "per-channel inputs of depthwise convolutions",
         }
         parts += [text for attr, text in flags.items() if getattr(self, attr)]
         if self.shared_inputs_of:
@@ -196,17 +202,27 @@ class PTQRecipe:
     plainly unless a recipe is given explicitly; ``smooth_linear_inputs`` is its backend's recipe.
         equalize: cross-layer equalization of the weights before calibrating (per-tensor weight grids).
         bias_correction: empirical bias correction after calibrating (costs a forward pass per layer).
+        guard_pair_saturation: on a host whose int8 CPU kernels sum two u8 x s8 products in a saturating
+            16-bit register (x86 without VNNI: ``mqbench.utils.host.int8_pairs_saturate``), the layers reading a
+            signed 8-bit input get 7-bit weights ([-64, 63]). A CPU runtime shifts a signed input by 128 to
+            run it on u8 kernels, so its values sit around 128 and reach 255, where a pair of 8-bit weights
+            overflows the register; unsigned inputs (after ReLU) are mostly small. Elsewhere nothing changes.
     """
 
     activation_observer: str | None = None
     equalize: bool = False
     bias_correction: bool = False
+    guard_pair_saturation: bool = False
 
     def describe(self) -> str:
         parts = [f"activations calibrated with {self.activation_observer}"] if self.activation_observer else []
         parts += [
             text
-            for flag, text in ((self.equalize, "cross-layer equalization"), (self.bias_correction, "bias correction"))
+            for flag, text in (
+                (self.equalize, "cross-layer equalization"),
+                (self.bias_correction, "bias correction"),
+                (self.guard_pair_saturation, "7-bit weights after signed inputs on CPUs without VNNI"),
+            )
             if flag
         ]
         return ", ".join(parts) or "plain calibration"

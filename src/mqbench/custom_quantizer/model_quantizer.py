@@ -304,7 +304,14 @@ class _PlacementFrontEnd(FrontEnd):
                 f"backend {self.spec.name!r} quantizes weights only and has no activation quantizer for {site}; "
                 "drop the extra_quantizer_dict entries that ask for one, or use a backend with activation quantizers"
             )
-        return activation_variant(self.qconfig.activation, site, self.qconfig.reduce_range, self.backend)
+        factory = activation_variant(self.qconfig.activation, site, self.qconfig.reduce_range, self.backend)
+        if self.spec.placement.per_channel_depthwise_inputs and self._read_by_depthwise_only(site):
+            factory = per_channel_input_variant(factory)
+        return factory
+
+    def _read_by_depthwise_only(self, site: ActivationSite) -> bool:
+        readers = site.consumers if site.consumers is not None else set(site.value.users)
+        return bool(readers) and all(_depthwise(node, self.modules) for node in readers)
 
     def float_reason(self, node: fx.Node, modules: Mapping[str, nn.Module]) -> str:
         kind = node_kind(node, modules)
@@ -325,6 +332,24 @@ def activation_variant(factory: Factory, site: ActivationSite, reduce_range: boo
     elif site.product_operand and reduce_range and _signed_eight_bit(factory):
         factory = reduced_range_variant(factory, backend)
     return factory
+
+
+def _depthwise(node: fx.Node, modules: Mapping[str, nn.Module]) -> bool:
+    """Whether ``node`` calls a depthwise 2-d convolution (fused with what follows it or not)."""
+    module = modules.get(str(node.target)) if node.op == "call_module" else None
+    if isinstance(module, nn.Sequential) and len(module):  # a fused ConvReLU2d / ConvBn2d before folding
+        module = module[0]
+    return isinstance(module, nn.Conv2d) and module.groups > 1 and module.groups == module.in_channels
+
+
+def per_channel_input_variant(factory: Factory) -> Factory:
+    """The activation quantizer with one scale per channel (axis 1) on the same grid."""
+    low = factory.kwargs.get("quant_min")
+    qscheme = factory.kwargs.get("qscheme")
+    symmetric = qscheme in (torch.per_tensor_symmetric, torch.per_channel_symmetric) or (
+        qscheme is None and low is not None and low < 0
+    )
+    return factory.with_args(qscheme=torch.per_channel_symmetric if symmetric else torch.per_channel_affine, ch_axis=1)
 
 
 def _signed_eight_bit(factory: Factory) -> bool:

@@ -537,6 +537,26 @@ def _attention_outputs_kept(graph: onnx.GraphProto) -> None:
     graph.node.extend(added)
 
 
+def _seven_bit_weights(graph: onnx.GraphProto, tensor: str, entry: TensorQParams, users: Mapping) -> bool:
+    """Whether ``tensor`` is a weight initializer on the signed 7-bit grid [-64, 63] that only its layer reads."""
+    grid = (entry.quant_min, entry.quant_max) == (-64, 63) and not np.any(np.asarray(entry.zero_point))
+    return entry.kind == "weight" and grid and tensor in initializer_map(graph) and len(users.get(tensor, [])) == 1
+
+
+def _on_int8_grid(
+    graph: onnx.GraphProto, tensor: str, entry: TensorQParams, low: np.ndarray, high: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, int]:
+    """7-bit weights as the CPU plugin runs them in int8 kernels: clamped to the 7-bit limits in the file, under a
+    FakeQuantize of 256 levels of the same step (one of 128 levels leaves the layer in float: MobileNetV2 with 19
+    such layers took 8.6 ms a call instead of 6.0). Clamping commutes with rounding (the limits are grid points),
+    so these are the 7-bit weights exactly, and the kernel's integers stay within [-64, 63]."""
+    weight = initializer_map(graph)[tensor]
+    value = numpy_helper.to_array(weight)
+    weight.CopyFrom(numpy_helper.from_array(np.clip(value, low, high).astype(value.dtype), tensor))
+    step_low, step_high = low / entry.quant_min, high / entry.quant_max  # the step, shaped as the limits
+    return (step_low * -128).astype(np.float32), (step_high * 127).astype(np.float32), 256
+
+
 def to_openvino(
     model: onnx.ModelProto, table: QParamTable, use_consumers: bool = True
 ) -> tuple[onnx.ModelProto, dict[str, str]]:
@@ -564,6 +584,9 @@ def to_openvino(
         if wanted is None and tensor in output_names:
             source = free_output_name(graph, users, tensor, taken)
         low, high = _limits(tensor, entry, len(shapes[tensor]) if tensor in shapes else None)
+        levels = entry.quant_max - entry.quant_min + 1
+        if _seven_bit_weights(graph, tensor, entry, users):
+            low, high, levels = _on_int8_grid(graph, tensor, entry, low, high)
         names = []
         for tag, value in (("low", low), ("high", high)):
             name = unique_name(f"{tensor}_fq_{tag}", taken)
@@ -577,7 +600,7 @@ def to_openvino(
                 [result],
                 name=unique_name(f"{tensor}_FakeQuantize", taken),
                 domain=FAKE_QUANTIZE_DOMAIN,
-                levels=entry.quant_max - entry.quant_min + 1,
+                levels=levels,
             )
         )
         for node in users.get(source, []):
