@@ -1,0 +1,59 @@
+"""ModelOpt's standard int8 recipe for TensorRT on one image classifier: a Q/DQ ONNX file.
+
+Runs in benchmarks/peers/.venv-modelopt (``make_venv.sh modelopt``), never in the project's venv, and does not
+import mqbench: the float model comes as ONNX and the crops as tensors, both written by ``run.py``. The recipe is
+``modelopt.onnx.quantization.quantize(float.onnx, quantize_mode="int8", calibration_data=crops)`` with its
+defaults (entropy calibration of the activations, per-channel symmetric weights, Q/DQ in front of the ops
+TensorRT runs in int8), except two settings this host needs: ``calibration_eps=["cpu"]`` (no GPU here) and
+``high_precision_dtype="fp32"`` (its default casts the ops left unquantized to fp16, which TensorRT runs on a GPU
+but onnxruntime's CPU kernels mostly do not; the int8 ops are the same either way). ``seconds`` is ``quantize``.
+
+Writes ``<out>/modelopt.onnx`` and ``<out>/modelopt.json``; ``run.py`` serves the file on onnxruntime beside
+mqbench's TensorRT Q/DQ file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from importlib.metadata import version
+from pathlib import Path
+
+import torch
+from modelopt.onnx.quantization import quantize
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("work", type=Path, help="the model's folder written by run.py (float.onnx, data.pt)")
+    parser.add_argument("out", type=Path)
+    args = parser.parse_args()
+    data = torch.load(args.work / "data.pt", weights_only=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    output = args.out / "modelopt.onnx"
+    start = time.perf_counter()
+    quantize(
+        str(args.work / "float.onnx"),
+        quantize_mode="int8",
+        calibration_data=data["calibration"].numpy(),
+        calibration_eps=["cpu"],
+        high_precision_dtype="fp32",
+        output_path=str(output),
+        log_level="WARNING",
+    )
+    seconds = time.perf_counter() - start
+    record = {
+        "peer": "modelopt",
+        "versions": {name: version(name) for name in ("nvidia-modelopt", "onnxruntime", "onnx", "torch")},
+        "recipe": "modelopt.onnx.quantization.quantize(quantize_mode='int8') defaults; CPU calibration, fp32 rest",
+        "seconds": seconds,
+        "artifact": output.name,
+        "runtime": "onnxruntime",
+    }
+    (args.out / "modelopt.json").write_text(json.dumps(record, indent=2))
+    print(json.dumps(record))
+
+
+if __name__ == "__main__":
+    main()

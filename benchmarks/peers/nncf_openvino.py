@@ -1,0 +1,56 @@
+"""NNCF's standard post-training recipe for OpenVINO on one image classifier: quantize, save the IR.
+
+Runs in benchmarks/peers/.venv-nncf (``make_venv.sh nncf``), never in the project's venv, and does not import
+mqbench: the model comes as the float model's ``torch.export`` program and the crops as tensors, both written by
+``run.py``. The recipe is NNCF's documented default for a CNN on OpenVINO: ``ov.convert_model`` of the float
+model, then ``nncf.quantize(model, nncf.Dataset(samples))`` with every argument left at its default (preset
+PERFORMANCE: symmetric int8, per-channel weights; activations at the mean over samples of each sample's
+min / max; fast bias correction; target device ANY). The calibration samples are the crops one at a time, as
+NNCF's examples feed a data loader of batch 1. ``seconds`` is ``nncf.quantize`` alone.
+
+Writes ``<out>/nncf.xml`` / ``.bin`` and ``<out>/nncf.json``; ``run.py`` serves the IR beside mqbench's artifact.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from importlib.metadata import version
+from pathlib import Path
+
+import nncf
+import openvino as ov
+import torch
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("work", type=Path, help="the model's folder written by run.py (float.pt2, data.pt)")
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    data = torch.load(args.work / "data.pt", weights_only=True)
+    program = torch.export.load(args.work / "float.pt2")
+    float_model = ov.convert_model(program)
+    samples = [sample[None].numpy() for sample in data["calibration"]]
+    start = time.perf_counter()
+    quantized = nncf.quantize(float_model, nncf.Dataset(samples))
+    seconds = time.perf_counter() - start
+    args.out.mkdir(parents=True, exist_ok=True)
+    ov.save_model(quantized, args.out / "nncf.xml", compress_to_fp16=False)
+    record = {
+        "peer": "nncf",
+        "versions": {name: version(name) for name in ("nncf", "openvino", "torch")},
+        "recipe": "ov.convert_model, nncf.quantize(model, nncf.Dataset(crops one at a time)) with its defaults",
+        "seconds": seconds,
+        "artifact": "nncf.xml",
+        "runtime": "openvino",
+    }
+    (args.out / "nncf.json").write_text(json.dumps(record, indent=2))
+    print(json.dumps(record))
+
+
+if __name__ == "__main__":
+    main()
