@@ -2,7 +2,8 @@
 
 For each peer (NNCF for OpenVINO, ModelOpt for TensorRT, torchao for x86 CPUs) this script makes the peer's
 scratch venv if it is missing (``make_venv.sh``), hands the peer the float model and the crops through files
-(``.work/peers/<model>/``: the ``torch.export`` program ``float.pt2``, ``float.onnx``, and ``data.pt`` with the
+(``.work/peers/<model>/``: the ``torch.export`` program ``float.pt2``, ``float.onnx``, the weights
+``float_state.pt``, and ``data.pt`` with the
 calibration crops, the evaluation crops and the float model's logits on them), runs the peer's script in its venv,
 and quantizes the same model for the matching mqbench backend with its defaults (``prepare_by_platform``, then
 ``calibrate`` with the backend's ``ptq_recipe``) and deploys it (``convert_deploy``). Both deployed files are then
@@ -14,7 +15,9 @@ served on the runtime they share, in this process: top-1 agreement with the floa
 * ModelOpt 0.47 (``modelopt_tensorrt.py``: int8 Q/DQ ONNX for TensorRT) beside the ``tensorrt`` backend's Q/DQ
   ``onnx`` file, both on onnxruntime's CPU provider (no GPU here);
 * torchao 0.18 (``torchao_x86.py``: pt2e with X86InductorQuantizer, ``torch.compile``) beside the ``onnx_qnn``
-  backend's ``qlinear_onnx`` file on onnxruntime.
+  backend's ``qlinear_onnx`` file on onnxruntime;
+* AIMET 2.42 (``aimet_snpe.py``: cross-layer equalization, QuantSim with TF-enhanced ranges and the DSP
+  configuration, encodings) beside the ``snpe`` backend; no SNPE runtime here, so both sides' own simulations.
 
 torchao's compiled model cannot leave its process: its script measures its agreement and times it beside
 mqbench's file on onnxruntime there. Quantize seconds are the peer's quantization call and mqbench's
@@ -67,7 +70,9 @@ class Peer:
     script: str
     backend: str  # the mqbench backend for the same hardware
     artifact: str  # the key of the mqbench file served beside the peer's
-    runtime: str  # where both files are served: "openvino", "onnxruntime", or "peer" (the peer's script times both)
+    # where both files are served: "openvino", "onnxruntime", "peer" (the peer's script times both), or
+    # "simulation" (no runtime of the hardware here: each side's own simulation, no latency)
+    runtime: str
 
 
 PEERS = {
@@ -95,7 +100,16 @@ PEERS = {
         "qlinear_onnx",
         "peer",
     ),
+    "aimet": Peer(
+        "aimet",
+        ("torch", "TORCHVISION", "aimet-torch==2.42.0"),  # TORCHVISION: torchvision_without_extensions.py's copy
+        "aimet_snpe.py",
+        "snpe",
+        "encodings",
+        "simulation",
+    ),
 }
+TORCHVISION = "torchvision==0.28.0"  # the release built against torch 2.13
 
 
 @dataclass
@@ -146,6 +160,7 @@ def write_work(task: Task) -> Path:
         opset_version=17,
         dynamo=False,
     )
+    torch.save(task.model.state_dict(), folder / "float_state.pt")  # for a peer that builds the model itself
     reference = logits(task.model, task.evaluation)
     torch.save(
         {"calibration": task.calibration, "evaluation": task.evaluation, "reference": reference}, folder / "data.pt"
@@ -153,11 +168,24 @@ def write_work(task: Task) -> Path:
     return folder
 
 
+def torchvision_copy() -> str:
+    """torchvision's wheel for this torch without its compiled extensions (the registry's builds are CUDA ones)."""
+    folder = WORK / "wheels"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "download", "--no-deps", "-d", str(folder / "cuda"), TORCHVISION], check=True
+    )
+    wheel = next((folder / "cuda").glob("torchvision-*.whl"))
+    script = HERE / "torchvision_without_extensions.py"
+    made = subprocess.run([sys.executable, str(script), str(wheel), str(folder)], check=True, capture_output=True)
+    return made.stdout.decode().strip()
+
+
 def ensure_venv(peer: Peer) -> Path:
     venv = HERE / f".venv-{peer.name}"
     if not (venv / "freeze.txt").exists():
-        print(f"making {venv.name}: {' '.join(peer.packages)}", flush=True)
-        subprocess.run(["bash", str(HERE / "make_venv.sh"), peer.name, *peer.packages], check=True)
+        packages = [torchvision_copy() if name == "TORCHVISION" else name for name in peer.packages]
+        print(f"making {venv.name}: {' '.join(packages)}", flush=True)
+        subprocess.run(["bash", str(HERE / "make_venv.sh"), peer.name, *packages], check=True)
     return venv / "bin" / "python"
 
 
@@ -173,14 +201,16 @@ def run_peer(peer: Peer, folder: Path, extra: list[str]) -> dict[str, Any]:
     return record
 
 
-def mqbench_side(task: Task, backend: str, folder: Path, recipe: PTQRecipe | None = None) -> tuple[float, Any]:
+def mqbench_side(
+    task: Task, backend: str, folder: Path, recipe: PTQRecipe | None = None
+) -> tuple[float, Any, torch.nn.Module]:
     start = time.perf_counter()
     quantized = prepare_by_platform(copy.deepcopy(task.model), backend)
     calibrate(quantized, list(task.calibration.split(BATCH)), recipe=recipe)
     seconds = time.perf_counter() - start
     output = folder / f"mqbench_{backend}{'' if recipe is None else '_vnni'}"
     result = convert_deploy(quantized, backend, dummy_input=task.calibration[:1], output_path=output)
-    return seconds, result
+    return seconds, result, quantized
 
 
 # -- serving ---------------------------------------------------------------------------------------------------
@@ -226,12 +256,17 @@ def agreement(run: Callable[[np.ndarray], np.ndarray], images: torch.Tensor, ref
 
 def compare(peer: Peer, task: Task, folder: Path, args: argparse.Namespace) -> dict[str, Any]:
     reference = torch.load(folder / "data.pt", weights_only=True)["reference"]
-    seconds, result = mqbench_side(task, peer.backend, folder)
+    seconds, result, quantized = mqbench_side(task, peer.backend, folder)
     mine = result.artifacts[peer.artifact]
     row: dict[str, Any] = {"backend": peer.backend, "mqbench": {"seconds": seconds, "artifact": mine}}
     extra = ["--onnx", mine] if peer.runtime == "peer" else []
     record = run_peer(peer, folder, extra)
     row["peer"] = record
+    if peer.runtime == "simulation":
+        row["runtime"] = "simulation"
+        outputs = logits(quantized.eval(), task.evaluation)
+        row["mqbench"]["top1_agreement"] = float((outputs.argmax(1) == reference.argmax(1)).float().mean())
+        return row
     if peer.runtime == "peer":
         row["runtime"] = f"{record['runtime']} / onnxruntime"
         row["mqbench"]["top1_agreement"] = agreement(onnxruntime_runner(mine, args.threads), task.evaluation, reference)
@@ -252,7 +287,7 @@ def compare(peer: Peer, task: Task, folder: Path, args: argparse.Namespace) -> d
         spec = resolve_backend(peer.backend)
         if spec.ptq_recipe.guard_pair_saturation and int8_pairs_saturate():
             # the file calibration makes on a host with VNNI (no 7-bit guard), as that host would serve it
-            _, vnni = mqbench_side(task, peer.backend, folder, replace(spec.ptq_recipe, guard_pair_saturation=False))
+            _, vnni, _ = mqbench_side(task, peer.backend, folder, replace(spec.ptq_recipe, guard_pair_saturation=False))
             served = openvino_runner(vnni.artifacts[peer.artifact], args.threads, integer=False)
             row["mqbench"]["top1_agreement_vnni_recipe"] = agreement(served, task.evaluation, reference)
     sample = np.ascontiguousarray(task.evaluation[:1].numpy())
@@ -309,7 +344,9 @@ def main() -> None:
                 f"{peer['top1_agreement']:.3f} / {mine['top1_agreement']:.3f}",
                 exact,
                 f"{peer['seconds']:.1f} / {mine['seconds']:.1f}",
-                f"{peer['latency_ms']:.2f} / {mine['latency_ms']:.2f} ({row['runtime']})",
+                f"{peer['latency_ms']:.2f} / {mine['latency_ms']:.2f} ({row['runtime']})"
+                if "latency_ms" in mine
+                else f"- ({row['runtime']})",
             ]
         )
     print(f"\n{describe_host()}")
