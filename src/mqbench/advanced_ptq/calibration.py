@@ -112,12 +112,13 @@ def narrow_weights_after_signed_inputs(model: fx.GraphModule) -> list[str]:
 
 
 def recipe_of(model: fx.GraphModule) -> PTQRecipe:
-    """The recipe calibration applies to ``model`` by default: its backend's ``ptq_recipe``; plain calibration for
-    a model of unknown origin or with LayerNorm (a transformer: see :func:`calibrate`)."""
+    """The recipe calibration applies to ``model`` by default: its backend's ``ptq_recipe``, or its
+    ``transformer_recipe`` for a model with LayerNorm (see :func:`calibrate`); plain calibration for a model of
+    unknown origin."""
     spec = _spec(model)
-    if spec is None or _normalizes_layers(model):
+    if spec is None:
         return PTQRecipe()
-    return spec.ptq_recipe
+    return spec.transformer_recipe if _normalizes_layers(model) else spec.ptq_recipe
 
 
 def use_activation_observer(
@@ -179,14 +180,16 @@ def calibrate(
     observers saw before is forgotten: calibrating again replaces the ranges.
     ``recipe``: what to do around that (None: the recipe of the backend the model was prepared
     for, its spec's ``ptq_recipe``; ``PTQRecipe()``: plain calibration): the activation observer,
-    cross-layer equalization before, bias correction after. By default a model with LayerNorm is
-    calibrated plainly (its backend's ``smooth_linear_inputs`` still applies): a transformer's few
-    outlier channels carry its meaning, and clipping them costs more than the finer grid gains
-    (all-MiniLM-L6-v2 on TensorRT: mean embedding cosine 0.848 with the running min/max, 0.835
-    with the percentile; on PPL W8A16 0.989 plain, 0.983 with equalization and bias correction).
+    cross-layer equalization before, bias correction after. By default a model with LayerNorm gets
+    the backend's ``transformer_recipe``, plain calibration unless the backend says otherwise (its
+    ``smooth_linear_inputs`` still applies): a transformer's few outlier channels carry its meaning,
+    and clipping them costs more than the finer grid gains (all-MiniLM-L6-v2 on TensorRT: mean
+    embedding cosine 0.848 with the running min/max, 0.835 with the percentile; on PPL W8A16 0.989
+    plain, 0.983 with equalization and bias correction).
     ``smooth``: first migrate activation outliers of linear inputs into the weights
-    (:func:`~mqbench.advanced_ptq.smooth_quant`, strength searched); None does what the backend
-    the model was prepared for does by default (its ``smooth_linear_inputs``: the NLP backends); ``"after_norm"``
+    (:func:`~mqbench.advanced_ptq.smooth_quant`, strength the recipe's ``smooth_alpha``, else searched); None
+    does what the backend the model was prepared for does by default (its ``smooth_linear_inputs``: the NLP
+    backends, or the recipe's ``smooth``); ``"after_norm"``
     smooths only the inputs a norm computes for linear layers alone, whose scales a Hugging Face checkpoint holds
     (folded into the norms' gains: the compressed-tensors folder, GGUF).
     """
@@ -195,7 +198,7 @@ def calibrate(
     if recipe is None:
         recipe = recipe_of(model)
     if smooth is None:
-        smooth = bool(spec is not None and spec.smooth_linear_inputs)
+        smooth = bool(spec is not None and spec.smooth_linear_inputs) or recipe.smooth
     replaced: dict[str, ObserverBase] = {}
     if recipe.activation_observer is not None:
         default = spec.activation.observer if spec is not None and spec.activation is not None else None
@@ -207,7 +210,7 @@ def calibrate(
     if smooth not in (True, False, "after_norm"):
         raise ValueError(f"smooth must be True, False, 'after_norm' or None, got {smooth!r}")
     if smooth:
-        smooth_quant(model, batches, after_norm=smooth == "after_norm")
+        smooth_quant(model, batches, alpha=recipe.smooth_alpha, after_norm=smooth == "after_norm")
     reset_observers(model)  # a model calibrated before (then rotated, smoothed, ...) gets the ranges of now
     enable_calibration_woquantization(model, quantizer_type="act_fake_quant")
     one_pass(model, batches)  # block by block on a transformer

@@ -49,8 +49,9 @@ and the valid choices. Missing sections and keys take the defaults below.
       rotation: null            # mqbench: null, or hadamard_rotation's config ({} for its defaults:
                                 #   ROTATION_DEFAULTS) to rotate a pre-norm transformer's residual stream first
                                 #   ({residual: false}: only the MLPs' down-projection inputs, any transformer)
-      recipe: null              # mqbench: calibration recipe: null (the backend's ptq_recipe), plain, or
-                                # {activation_observer: PercentileObserver, equalize: true, bias_correction: true}
+      recipe: null              # mqbench: calibration recipe: null (the backend's ptq_recipe; its transformer_recipe
+                                #   for a model with LayerNorm), plain, or {activation_observer: PercentileObserver,
+                                #   equalize: true, bias_correction: true, smooth: true, smooth_alpha: 0.95}
       smooth: null              # mqbench: SmoothQuant before calibration: null (the backend's default), true, false,
                                 #   or after_norm (the norms' outputs only: the scales a Hugging Face checkpoint holds)
       deploy: {model_name: model, output_path: null, deploy_to_qlinear: false}

@@ -142,6 +142,12 @@ class Placement:
             input channels, more than one) has a scale per channel (axis 1): each channel of a depthwise
             convolution is its own dot product, so a per-channel input scale folds into that channel's
             weights and the integer kernel stays the same (OpenVINO's CPU rules).
+        float_residual_adds: an add on a transformer's residual stream keeps float inputs: one whose output or one
+            of whose inputs a layernorm reads (post- and pre-norm blocks). Those streams carry outlier channels
+            (near +-200 beside values below 1 in BERT) that no per-tensor 8-bit grid holds; adds elsewhere (a
+            CNN's) are quantized as ``inputs_of`` says.
+        float_attention_values: a matmul reading a softmax's output (attention weights times values) keeps float
+            inputs; the scores' matmul (queries times keys) is quantized as ``inputs_of`` says.
     """
 
     inputs_of: AbstractSet[str] = frozenset()
@@ -155,6 +161,8 @@ class Placement:
     unsigned_after: AbstractSet[str] = frozenset()
     first_last_8bit: bool = False
     per_channel_depthwise_inputs: bool = False
+    float_residual_adds: bool = False
+    float_attention_values: bool = False
 
     def __post_init__(self) -> None:
         for name in ("inputs_of", "outputs_of", "passthrough", "shared_inputs_of", "unsigned_after"):
@@ -179,6 +187,8 @@ class Placement:
             "add_needs_activations": "residual adds only",
             "first_last_8bit": "first/last layer 8-bit",
             "per_channel_depthwise_inputs": "per-channel inputs of depthwise convolutions",
+            "float_residual_adds": "residual adds of normalised streams in float",
+            "float_attention_values": "attention weights x values in float",
         }
         parts += [text for attr, text in flags.items() if getattr(self, attr)]
         if self.shared_inputs_of:
@@ -197,9 +207,6 @@ class PTQRecipe:
         activation_observer: the observer the activation quantizers calibrate with where the model keeps the
             backend's default one (an ``a_observer`` the user chose is kept); None: the default stays. The
             running min/max suits training; after one calibration pass a clipping observer loses less.
-
-    A model with LayerNorm (a transformer, whose outlier channels must not be clipped) is calibrated
-    plainly unless a recipe is given explicitly; ``smooth_linear_inputs`` is its backend's recipe.
         equalize: cross-layer equalization of the weights before calibrating (per-tensor weight grids).
         bias_correction: empirical bias correction after calibrating (costs a forward pass per layer).
         guard_pair_saturation: on a host whose int8 CPU kernels sum two u8 x s8 products in a saturating
@@ -207,12 +214,25 @@ class PTQRecipe:
             signed 8-bit input get 7-bit weights ([-64, 63]). A CPU runtime shifts a signed input by 128 to
             run it on u8 kernels, so its values sit around 128 and reach 255, where a pair of 8-bit weights
             overflows the register; unsigned inputs (after ReLU) are mostly small. Elsewhere nothing changes.
+        smooth: migrate the activation outliers of linear inputs into the weights first (SmoothQuant,
+            ``mqbench.advanced_ptq.smooth_quant``), with strength ``smooth_alpha`` (None: searched per input,
+            which costs a pass of error measurements).
+
+    A model with LayerNorm (a transformer, whose outlier channels must not be clipped) gets its backend's
+    ``transformer_recipe`` instead (plain calibration unless the backend says otherwise), and a recipe given
+    explicitly is used as given.
     """
 
     activation_observer: str | None = None
     equalize: bool = False
     bias_correction: bool = False
     guard_pair_saturation: bool = False
+    smooth: bool = False
+    smooth_alpha: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.smooth_alpha is not None and not 0.0 <= self.smooth_alpha <= 1.0:
+            raise ValueError(f"PTQRecipe.smooth_alpha must be in [0, 1] or None (searched), got {self.smooth_alpha}")
 
     def describe(self) -> str:
         parts = [f"activations calibrated with {self.activation_observer}"] if self.activation_observer else []
@@ -222,6 +242,11 @@ class PTQRecipe:
                 (self.equalize, "cross-layer equalization"),
                 (self.bias_correction, "bias correction"),
                 (self.guard_pair_saturation, "7-bit weights after signed inputs on CPUs without VNNI"),
+                (
+                    self.smooth,
+                    "outliers of linear inputs migrated into the weights"
+                    + (f" (alpha {self.smooth_alpha})" if self.smooth_alpha is not None else ""),
+                ),
             )
             if flag
         ]
@@ -262,6 +287,9 @@ class BackendSpec:
     mixed_precision_bits: tuple[int, ...] = ()
     # What post-training calibration does by default (mqbench.advanced_ptq.calibrate; mqbench ptq).
     ptq_recipe: PTQRecipe = PTQRecipe()
+    # What it does by default to a model with LayerNorm (a transformer); ptq_recipe's clipping and bias correction
+    # are for CNNs.
+    transformer_recipe: PTQRecipe = PTQRecipe()
     # Weights only: activations stay float (W4A16, W8A16); ``activation`` is None and needs no user settings.
     weight_only: bool = False
     # Layers left float by role (FLOAT_LAYER_ROLES): "lm_head", a language model's projection onto its vocabulary

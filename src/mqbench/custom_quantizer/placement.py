@@ -124,6 +124,23 @@ def _has_activation_ancestor(node: fx.Node, kinds: Mapping[fx.Node, str | None],
     return result
 
 
+def _on_normalised_stream(add: fx.Node, kinds: Mapping[fx.Node, str | None]) -> bool:
+    """Whether a layernorm reads ``add``'s output or one of its inputs (through adds, data movement or dropout):
+    the residual add of a post-norm block (its output normalised) or of a pre-norm block (its stream input is),
+    and the sum of embeddings a norm reads."""
+
+    def normalised(value: fx.Node) -> bool:
+        return any(
+            kinds.get(user) == "layernorm" or (kinds.get(user) in _PASS_TO_NORM and normalised(user))
+            for user in value.users
+        )
+
+    return normalised(add) or any(normalised(value) for value in add.all_input_nodes)
+
+
+_PASS_TO_NORM = frozenset({"add", "dropout", "reshape", "flatten"})
+
+
 def _from_layers(node: fx.Node, kinds: Mapping[fx.Node, str | None], memo: dict[fx.Node, bool]) -> bool:
     """Whether ``node`` is computed from a layer's output (the activations). Not so: values computed only from the
     model's inputs and constants, such as an attention mask ``(1 - mask) * finfo.min`` (its input an integer or a
@@ -364,6 +381,10 @@ def plan_activation_quantizers(
                 and not all(_has_activation_ancestor(a, kinds, ancestor_memo) for a in inputs)
             ):
                 inputs = []
+            if kind == "add" and placement.float_residual_adds and _on_normalised_stream(node, kinds):
+                inputs = []
+            if kind == "matmul" and placement.float_attention_values and _weighs_by_softmax(node, kinds, modules):
+                inputs = []
             for value in inputs:
                 site = mark(value, node)
                 if site is not None and node in edges:
@@ -405,6 +426,17 @@ def plan_activation_quantizers(
         )
     _assign_groups(ordered, shared_groups, sites)
     return ordered
+
+
+def _weighs_by_softmax(matmul: fx.Node, kinds: Mapping[fx.Node, str | None], modules: Mapping[str, nn.Module]) -> bool:
+    """Whether ``matmul`` reads a softmax's output (past data movement and dropout): attention weights x values."""
+    for value in matmul.all_input_nodes:
+        source: fx.Node | None = value
+        while source is not None and kinds.get(source) != "softmax":
+            source = _moved_from(source, modules)
+        if source is not None:
+            return True
+    return False
 
 
 def _moved_from(node: fx.Node, modules: Mapping[str, nn.Module]) -> fx.Node | None:

@@ -219,6 +219,8 @@ def tokenized_batches(tokenizer: Any, texts: Sequence[str], batch_size: int = 32
 
 
 def _last_hidden_state(output: Any) -> Tensor:
+    if isinstance(output, Tensor):  # an encoder wrapped to return it alone
+        return output
     if isinstance(output, dict):
         return output["last_hidden_state"]
     return output.last_hidden_state if hasattr(output, "last_hidden_state") else output[0]

@@ -1,0 +1,180 @@
+"""OpenVINO on a transformer, as NNCF's transformer preset treats one: the residual adds and the attention weights x
+values stay float, and calibration first migrates the outliers of linear inputs into the weights at strength 0.95.
+
+Each part is checked on small pre- and post-norm blocks against a CNN's residual block (whose adds stay
+quantized), the migration against its formula computed here from the float model's activations, and the
+deployed file against the simulation on this host's OpenVINO. The measured effect on all-MiniLM-L6-v2 against
+NNCF is benchmarks/peers/run.py's.
+"""
+
+from __future__ import annotations
+
+import operator
+
+import pytest
+import torch
+from torch import fx, nn
+
+from backend_configs import host_config
+from mqbench.advanced_ptq import calibrate
+from mqbench.advanced_ptq.calibration import recipe_of
+from mqbench.backends import ParamsTable, PTQRecipe
+from mqbench.convert_deploy import convert_deploy
+from mqbench.deploy.verify import verify_deploy
+from mqbench.fake_quantize.quantize_base import QuantizeBase
+from mqbench.prepare_by_platform import prepare_by_platform
+
+D, HIDDEN = 8, 16
+
+
+class Attention(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.q, self.k, self.v, self.out = (nn.Linear(D, D) for _ in range(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        scores = self.q(x) @ self.k(x).transpose(-2, -1) * D**-0.5
+        return self.out(torch.softmax(scores, dim=-1) @ self.v(x))
+
+
+class Mlp(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(D, HIDDEN), nn.Linear(HIDDEN, D)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(nn.functional.gelu(self.fc1(x)))
+
+
+class Block(nn.Module):
+    """An embedding of the input, then attention and an MLP, each with its residual add and its norm."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed, self.norm1, self.norm2 = nn.Linear(D, D), nn.LayerNorm(D), nn.LayerNorm(D)
+        self.attention, self.mlp = Attention(), Mlp()
+
+
+class PreNorm(Block):
+    """x + attention(norm(x)), then + mlp(norm(.)): a ViT / GPT block."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.embed(x)
+        x = x + self.attention(self.norm1(x))
+        return x + self.mlp(self.norm2(x))
+
+
+class PostNorm(Block):
+    """norm(x + attention(x)), then norm(. + mlp(.)): a BERT block."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.embed(x)
+        x = self.norm1(x + self.attention(x))
+        return self.norm2(x + self.mlp(x))
+
+
+class Residual(nn.Module):
+    """A CNN's residual block: conv -> ReLU -> conv, plus the input."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1, self.conv2 = nn.Conv2d(4, 4, 3, padding=1), nn.Conv2d(4, 4, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.conv2(torch.relu(self.conv1(x))) + x)
+
+
+def tokens(seed: int, batches: int = 3) -> list[torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    # one outlier channel, as a transformer's residual stream carries
+    scale = torch.ones(D)
+    scale[3] = 4.0
+    return [torch.randn(2, 5, D, generator=generator) * scale for _ in range(batches)]
+
+
+def prepared(block: type[nn.Module], config: dict | None = None) -> fx.GraphModule:
+    torch.manual_seed(0)
+    return prepare_by_platform(block().eval(), "openvino", config)
+
+
+def quantized_inputs(model: fx.GraphModule, node: fx.Node) -> list[bool]:
+    """For each tensor input of ``node``: whether an activation quantizer computes it."""
+    modules = dict(model.named_modules())
+    return [
+        value.op == "call_module" and isinstance(modules.get(str(value.target)), QuantizeBase)
+        for value in node.all_input_nodes
+    ]
+
+
+def ops(model: fx.GraphModule, *targets: object) -> list[fx.Node]:
+    return [node for node in model.graph.nodes if node.op == "call_function" and node.target in targets]
+
+
+def test_the_backend_declares_the_transformer_defaults():
+    spec = ParamsTable["openvino"]
+    assert spec.placement.float_residual_adds and spec.placement.float_attention_values
+    recipe = spec.transformer_recipe
+    assert (recipe.smooth, recipe.smooth_alpha, recipe.guard_pair_saturation) == (True, 0.95, True)
+    assert recipe.activation_observer is None and not recipe.bias_correction  # no clipping of outlier channels
+
+
+@pytest.mark.parametrize("block", [PreNorm, PostNorm])
+def test_residual_adds_and_attention_values_stay_float_in_a_transformer(block):
+    model = prepared(block)
+    adds = ops(model, operator.add, torch.add)
+    assert len(adds) == 2
+    for add in adds:
+        assert quantized_inputs(model, add) == [False, False], add.format_node()
+    scores, weighted = ops(model, operator.matmul, torch.matmul)
+    assert quantized_inputs(model, scores) == [True, True]  # queries x keys: int8
+    assert quantized_inputs(model, weighted) == [False, False]  # softmax x values: float
+    for name in ("embed", "q", "k", "v", "out", "fc1", "fc2"):
+        layer = next(n for n in model.graph.nodes if n.op == "call_module" and str(n.target).endswith(name))
+        assert quantized_inputs(model, layer) == [True], name
+    assert recipe_of(model) == ParamsTable["openvino"].transformer_recipe
+
+
+def test_a_cnn_keeps_its_quantized_residual_add_and_its_recipe():
+    model = prepared(Residual)
+    (add,) = ops(model, operator.add, torch.add)
+    assert quantized_inputs(model, add) == [True, True]
+    assert recipe_of(model) == ParamsTable["openvino"].ptq_recipe
+
+
+def test_calibration_migrates_linear_input_outliers_at_strength_0_95():
+    float_model = PreNorm().eval()
+    torch.manual_seed(0)
+    float_model.load_state_dict(PreNorm().state_dict())
+    model = prepared(PreNorm)
+    data = tokens(1)
+    seen: list[torch.Tensor] = []
+    hook = float_model.mlp.fc2.register_forward_pre_hook(lambda _, args: seen.append(args[0].flatten(0, -2)))
+    with torch.no_grad():
+        for batch in data:
+            float_model(batch)
+    hook.remove()
+    activation = torch.cat(seen).abs().amax(0)
+    weight = float_model.mlp.fc2.weight.detach()
+    # SmoothQuant's per-channel scale: max|x_j| ** alpha / max|W_:j| ** (1 - alpha)
+    scale = activation.clamp(min=1e-5) ** 0.95 / weight.abs().amax(0).clamp(min=1e-5) ** 0.05
+    calibrate(model, data)
+    smoothed = dict(model.named_modules())["mlp.fc2"].weight.detach()
+    torch.testing.assert_close(smoothed, weight * scale, rtol=1e-5, atol=1e-7)
+
+
+def test_recipe_rejects_a_strength_outside_0_1():
+    with pytest.raises(ValueError, match="smooth_alpha must be in"):
+        PTQRecipe(smooth=True, smooth_alpha=1.5)
+
+
+@pytest.mark.filterwarnings("ignore:the quantized simulation is far")  # random blocks; the file is the property
+@pytest.mark.parametrize("block", [PreNorm, PostNorm])
+def test_the_file_serves_the_simulation(tmp_path, block):
+    pytest.importorskip("openvino")
+    model = prepared(block, host_config("openvino"))
+    calibrate(model, tokens(1))
+    result = convert_deploy(model, "openvino", {"x": [2, 5, D]}, output_path=tmp_path, model_name="m")
+    report = verify_deploy(model, result, tokens(2, batches=1)[0])
+    assert report.passed, report.failures()
+    host = report.artifacts["openvino_onnx"].host
+    assert host is not None and host.max_lsb_diff <= 1, host.diverging(1)
