@@ -198,7 +198,8 @@ def vision_reason(backend: str) -> str:
 
 def text_reason(backend: str) -> str:
     spec = ParamsTable[backend]
-    if "add" in spec.placement.inputs_of or "add" in spec.placement.outputs_of:
+    placement = spec.placement
+    if ("add" in placement.inputs_of and not placement.float_residual_adds) or "add" in placement.outputs_of:
         return (
             "the backend's placement quantizes the residual stream (add inputs or outputs) on one 8-bit grid per "
             "tensor; BERT residual streams carry outlier channels near +-200 beside values below 1, which no "
@@ -228,7 +229,8 @@ def run_w8a8(args: argparse.Namespace, vision: Vision | None, text: Text | None,
                 print(f"  mobilenet_v2 {backend:12s} {mode:6s} {runs}", flush=True)
             if text is not None:
                 cells = results["minilm"].setdefault(backend, {})
-                if mode == "recipe" and not ParamsTable[backend].smooth_linear_inputs:
+                spec = ParamsTable[backend]
+                if mode == "recipe" and not spec.smooth_linear_inputs and spec.transformer_recipe == PTQRecipe():
                     cells[mode] = cells["plain"]  # a model with LayerNorm is calibrated plainly: the same computation
                     continue
                 run = attempt(text.w8a8, backend, recipe)
@@ -266,7 +268,7 @@ def print_w8a8(results: dict[str, Any]) -> list[str]:
         print("|---|---|---|---|---|")
         for backend, modes in results["minilm"].items():
             for mode, cell in modes.items():
-                recipe = ParamsTable[backend].ptq_recipe.describe() if mode == "recipe" else "plain calibration"
+                recipe = ParamsTable[backend].transformer_recipe.describe() if mode == "recipe" else "plain calibration"
                 if mode == "recipe" and ParamsTable[backend].smooth_linear_inputs:
                     recipe += ", outlier migration"
                 print(

@@ -1,4 +1,4 @@
-"""ModelOpt's standard int8 recipe for TensorRT on one image classifier: a Q/DQ ONNX file.
+"""ModelOpt's standard int8 recipe for TensorRT on one image classifier or text encoder: a Q/DQ ONNX file.
 
 Runs in benchmarks/peers/.venv-modelopt (``make_venv.sh modelopt``), never in the project's venv, and does not
 import mqbench: the float model comes as ONNX and the crops as tensors, both written by ``run.py``. The recipe is
@@ -7,6 +7,7 @@ defaults (entropy calibration of the activations, per-channel symmetric weights,
 TensorRT runs in int8), except two settings this host needs: ``calibration_eps=["cpu"]`` (no GPU here) and
 ``high_precision_dtype="fp32"`` (its default casts the ops left unquantized to fp16, which TensorRT runs on a GPU
 but onnxruntime's CPU kernels mostly do not; the int8 ops are the same either way). ``seconds`` is ``quantize``.
+A text encoder's calibration data is its token inputs by name (one padded batch of the calibration sentences).
 
 Writes ``<out>/modelopt.onnx`` and ``<out>/modelopt.json``; ``run.py`` serves the file on onnxruntime beside
 mqbench's TensorRT Q/DQ file.
@@ -32,11 +33,16 @@ def main() -> None:
     data = torch.load(args.work / "data.pt", weights_only=True)
     args.out.mkdir(parents=True, exist_ok=True)
     output = args.out / "modelopt.onnx"
+    calibration = data["calibration"]
+    if isinstance(calibration, dict):  # a text encoder's token inputs by name
+        calibration = {name: tensor.numpy() for name, tensor in calibration.items()}
+    else:
+        calibration = calibration.numpy()
     start = time.perf_counter()
     quantize(
         str(args.work / "float.onnx"),
         quantize_mode="int8",
-        calibration_data=data["calibration"].numpy(),
+        calibration_data=calibration,
         calibration_eps=["cpu"],
         high_precision_dtype="fp32",
         output_path=str(output),
