@@ -17,7 +17,6 @@ images, beside mqbench's own simulation of the ``snpe`` backend in ``run.py``.
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 from importlib.metadata import version
@@ -29,19 +28,15 @@ import torchvision
 from aimet_torch.common.defs import QuantScheme
 from aimet_torch.cross_layer_equalization import equalize_model
 from aimet_torch.quantsim import QuantizationSimModel
+from peer_io import peer_parser, read_work
 
 BATCH = 32
 TORCHVISION_MODELS = {"mobilenet_v2": torchvision.models.mobilenet_v2}
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("work", type=Path, help="the model's folder written by run.py (float.pt2, data.pt)")
-    parser.add_argument("out", type=Path)
-    parser.add_argument("--threads", type=int, default=2)
-    args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    data = torch.load(args.work / "data.pt", weights_only=True)
+    args = peer_parser(__doc__).parse_args()
+    data = read_work(args)
     # AIMET quantizes modules, which a torch.export program does not hold: the same architecture from torchvision
     if args.work.name not in TORCHVISION_MODELS:
         raise SystemExit(f"AIMET gets modules here only for torchvision's models {sorted(TORCHVISION_MODELS)}")

@@ -15,22 +15,17 @@ mqbench's TensorRT Q/DQ file.
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 from importlib.metadata import version
-from pathlib import Path
 
-import torch
 from modelopt.onnx.quantization import quantize
+from peer_io import peer_parser, read_work
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("work", type=Path, help="the model's folder written by run.py (float.onnx, data.pt)")
-    parser.add_argument("out", type=Path)
-    args = parser.parse_args()
-    data = torch.load(args.work / "data.pt", weights_only=True)
+    args = peer_parser(__doc__).parse_args()
+    data = read_work(args)
     args.out.mkdir(parents=True, exist_ok=True)
     output = args.out / "modelopt.onnx"
     calibration = data["calibration"]

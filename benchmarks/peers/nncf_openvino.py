@@ -16,25 +16,19 @@ Writes ``<out>/nncf.xml`` / ``.bin`` and ``<out>/nncf.json``; ``run.py`` serves 
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 from importlib.metadata import version
-from pathlib import Path
 
 import nncf
 import openvino as ov
 import torch
+from peer_io import peer_parser, read_work
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("work", type=Path, help="the model's folder written by run.py (float.pt2, data.pt)")
-    parser.add_argument("out", type=Path)
-    parser.add_argument("--threads", type=int, default=2)
-    args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    data = torch.load(args.work / "data.pt", weights_only=True)
+    args = peer_parser(__doc__).parse_args()
+    data = read_work(args)
     calibration = data["calibration"]
     options = {}
     if isinstance(calibration, dict):  # a text encoder: token inputs by name, each sentence without its padding

@@ -17,7 +17,6 @@ spinning), mqbench's artifact for the same CPU, so that both latencies come from
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import time
@@ -29,6 +28,7 @@ import onnxruntime as ort
 import torch
 import torch._inductor.config as inductor_config
 import torchao.quantization.pt2e.quantizer.x86_inductor_quantizer as x86
+from peer_io import peer_parser, read_work
 from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
 
@@ -41,15 +41,11 @@ def session(path: Path, threads: int) -> ort.InferenceSession:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("work", type=Path, help="the model's folder written by run.py (float.pt2, data.pt)")
-    parser.add_argument("out", type=Path)
+    parser = peer_parser(__doc__)
     parser.add_argument("--onnx", type=Path, help="an ONNX file timed beside the compiled model")
-    parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=30)
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    data = torch.load(args.work / "data.pt", weights_only=True)
+    data = read_work(args)
     float_model = torch.export.load(args.work / "float.pt2").module()
     example = (data["calibration"][:1],)
     start = time.perf_counter()
