@@ -56,7 +56,7 @@ demo: $(STAMP)
 test: $(STAMP) $(TF4_STAMP)
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/ruff format --check src tests benchmarks
-	$(BIN)/mypy
+	$(BIN)/mypy --show-traceback
 	$(BIN)/pytest --numprocesses=$(TEST_WORKERS) --dist=worksteal --durations=30
 	# the HFTracer path on transformers 4.57 (the suite above runs on transformers 5: torch.export capture)
 	PYTHONPATH=$(TF4) $(BIN)/python -c "import transformers as t; assert t.__version__ == '4.57.6', t.__version__"

@@ -42,9 +42,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import subprocess
 import sys
-import tempfile
 import time
 import warnings
 from pathlib import Path
@@ -54,6 +54,18 @@ import numpy as np
 import torch
 
 from _timing import RESULTS, print_table, write_json
+
+SCRATCH = Path(__file__).resolve().parent / ".work" / "llm_serving"
+
+
+def fresh_scratch(mode: str) -> Path:
+    """The folder of this mode's checkpoints (several GB with SmolLM2): the previous run's is replaced, so that runs
+    do not pile up; it stays after the run for ``--llama-only``."""
+    folder = SCRATCH / mode
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    return folder
+
 
 SCHEME = {"group_size": 32, "scale_dtype": "float16"}
 PROMPT_TOKENS, NEW_TOKENS = 32, 32
@@ -182,7 +194,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     batches = list(held.split(4))
     logits = lambda m: lambda ids: m(input_ids=ids).logits  # noqa: E731
     rows: dict[str, Any] = {"float": {"perplexity": window_perplexity(logits(model), batches)}}
-    scratch = Path(tempfile.mkdtemp(prefix="llm_serving_"))
+    scratch = fresh_scratch("smollm2")
     half = transformers.AutoModelForCausalLM.from_config(model.config, dtype=torch.float16)
     half.load_state_dict({k: v.half() for k, v in model.state_dict().items()}, strict=False)
     half.save_pretrained(scratch / "float16")
@@ -305,7 +317,7 @@ def run_activation_quantized(args: argparse.Namespace) -> dict[str, Any]:
     calibration = text_windows(tokenizer, 256, 8, held_out=False, seed=7)
     batches = list(held.split(4))
     logits = lambda m: lambda ids: m(input_ids=ids).logits  # noqa: E731
-    scratch = Path(tempfile.mkdtemp(prefix="llm_serving_w8a8_"))
+    scratch = fresh_scratch("w8a8")
     rows: dict[str, Any] = {"float_perplexity": window_perplexity(logits(model), batches)}
     for row_name in [b for b in args.activation_backends.split(",") if b]:
         backend, prepare_options, smooth = ACTIVATION_BACKENDS[row_name]
@@ -377,7 +389,7 @@ def run_decoder(args: argparse.Namespace) -> dict[str, Any]:
     held = token_windows(held_bytes, model.context + 1, 64, seed=1000)
     calibration = token_windows(train, model.context, 32, seed=0)
     batches = list(held.split(16))
-    scratch = Path(tempfile.mkdtemp(prefix="llm_serving_decoder_"))
+    scratch = fresh_scratch("decoder")
     rows: dict[str, Any] = {"float": {"perplexity": window_perplexity(model, batches)}}
     rows["float"]["float16_bytes"] = 2 * sum(p.numel() for p in model.parameters())  # tied: counted once
     hf_logits = lambda m: lambda ids: m(input_ids=ids).logits  # noqa: E731
