@@ -14,8 +14,9 @@ folded by then in post-training preparation); depthwise second layers are handle
 ``bias_correction(model, cali_data)``: for each quantized conv or linear layer, in graph order,
 the mean per output channel of ``layer(x; quantized weight) - layer(x; float weight)`` over the
 calibration data (``x`` as the quantized model computes it, earlier corrections included) is
-subtracted from the layer's bias. Run it after calibration, in quantization mode; it costs about
-three forward passes per batch.
+subtracted from the layer's bias (one pass of the layer with the weight's error, ``layer(x; quantized weight -
+float weight)``, as the layer is linear in its weight). Run it after calibration, in quantization mode; it costs
+about two forward passes per batch.
 
 Example:
     >>> import torch
@@ -224,7 +225,7 @@ def bias_correction(model: fx.GraphModule, cali_data: Any, layers: Sequence[str]
 
     One forward pass of the quantized model: just before a layer runs, the error its quantized
     weight makes on the input it receives is measured and its bias corrected, so later layers see
-    the earlier corrections (the layer-by-layer algorithm, at the cost of about three forward
+    the earlier corrections (the layer-by-layer algorithm, at the cost of about two forward
     passes). Batches of tensors that differ only in batch size are joined into one pass; other
     batches run one after another, each layer's correction then the running mean so far (later
     layers' inputs carry the corrections of the batches before).
@@ -256,7 +257,8 @@ def bias_correction(model: fx.GraphModule, cali_data: Any, layers: Sequence[str]
         def hook(_: nn.Module, args: tuple[Any, ...]) -> None:
             x = args[0]
             weight = _weight(module)
-            error = _pre_activation(module, x, quantizer(weight)) - _pre_activation(module, x, weight)
+            # the layer is linear in its weight: the error of the quantized weight is one pass of the difference
+            error = _pre_activation(module, x, quantizer(weight) - weight)
             summed, count = _channel_sums(module, error)
             if target not in state:
                 bias = _bias(module)
