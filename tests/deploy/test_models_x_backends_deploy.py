@@ -62,7 +62,9 @@ def _check_host_verdicts(report, tolerance: int) -> None:
         if host is None:
             continue
         assert host.per_tensor, key
-        if host.max_lsb_diff <= tolerance:
+        # more than the tolerance only where near-tie roundings of the tensors it is computed from explain it (a tie
+        # of a per-channel depthwise input carried through the layer) is no divergence: `diverging` leaves it out
+        if host.max_lsb_diff <= tolerance or not host.diverging(tolerance):
             continue
         assert SATURATES, (key, "diverges on a host whose int8 kernels do not saturate", host.diverging(tolerance))
         assert host.predicted, (key, "diverges where the saturation model predicts nothing")

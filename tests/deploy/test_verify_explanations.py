@@ -69,6 +69,44 @@ def test_only_a_rounding_tie_decided_the_other_way_is_explained(tmp_path):
     assert judged(2, +1).diverging(1)  # 2.2 rounds to 2 on any runtime
 
 
+def test_a_rounding_tie_on_a_per_channel_grid_is_explained_like_one_on_a_per_tensor_grid(tmp_path):
+    """A depthwise convolution's input on OpenVINO's placement has a scale per channel. A value of it at a rounding
+    tie may round the other way in a runtime (onnxruntime on an AVX-512 VNNI host: 2 steps at the output of
+    ImageNet MobileNetV2's eighth depthwise layer), and that is explained as on a per-tensor grid; a move of a value
+    far from its tie is not, nor a move away from the tie's other rounding."""
+    torch.manual_seed(0)
+    qmodel = prepare_by_platform(nn.Sequential(nn.Conv2d(2, 2, 3, padding=1, groups=2)).eval(), "openvino")
+    enable_calibration(qmodel)
+    qmodel(torch.randn(8, 2, 5, 5) * torch.tensor([1.0, 3.0]).view(1, 2, 1, 1))
+    enable_quantization(qmodel)
+    result = convert_deploy(qmodel, "openvino", {"x": [1, 2, 5, 5]}, output_path=tmp_path)
+    (tensor,) = [t for t, e in result.table.items() if e.kind == "activation"]
+    entry = result.table[tensor]
+    scales = np.asarray(entry.scale, np.float64)
+    assert entry.axis == 1 and scales.shape == (2,) and scales[1] > 2 * scales[0]
+    x = torch.full((1, 2, 5, 5), 0.2) * torch.tensor(scales, dtype=torch.float32).view(1, 2, 1, 1)
+    x[0, 1, 2, 2] = float(3.5 * scales[1])  # a tie on channel 1's grid: the simulation rounds it to 4 steps
+    x[0, 0, 1, 1] = float(2.2 * scales[0])  # far from one: 2 steps of channel 0's grid, whichever runtime
+    run = VerifyRun(simulation_copy(qmodel), [x], simulate(simulation_copy(qmodel), [x]), True, 1, True, False)
+    key = (entry.quantizer, 0)
+    quantized = run.free.quantized[key]
+    assert quantized[0, 1, 2, 2] == np.float32(4 * scales[1]) and quantized[0, 0, 1, 1] == np.float32(2 * scales[0])
+    output = result.output_names[0]
+
+    def judged(where: tuple[int, ...], steps: int) -> HostReport:
+        moved = quantized.copy()  # the runtime's input: one element ``steps`` of its channel's steps off
+        moved[where] += np.float32(steps * scales[where[1]])
+        served = simulate(run.model, run.inputs, {key: moved}).outputs[0]
+        values = {"x_q": quantized, output: served}
+        report = compare(HostReport("onnx", "runtime"), values, result.table, {tensor: "x_q"}, run, [output])
+        assert report.local_outputs[output].float_mismatch()  # one step of the input moves the output beyond 0.1%
+        return explain_ties(report, values, result.table, {tensor: "x_q"}, run, [output])
+
+    assert not judged((0, 1, 2, 2), -1).diverging(1)  # the tie rounded down: explained
+    assert judged((0, 1, 2, 2), +1).diverging(1)  # 5 steps is no rounding of 3.5
+    assert judged((0, 0, 1, 1), +1).diverging(1)  # 2.2 rounds to 2 on any runtime
+
+
 def test_openvino_leaving_out_a_rounding_before_a_fused_add_is_measured_tensor_by_tensor(tmp_path):
     """``x0 + conv(x1)``, both quantized, then a Linear: OpenVINO's CPU plugin fuses the Add into the convolution
     and clamps the convolution's output without rounding it (measured on OpenVINO 2026.4); each quantized tensor

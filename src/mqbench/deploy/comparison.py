@@ -406,11 +406,21 @@ def compare(
 
 def _flips(entry: TensorQParams, received: np.ndarray, value: np.ndarray) -> list[tuple[float, int, float]]:
     """(distance to the tie in steps, flat index, the other rounding's value) of each element of ``value`` that lies
-    near a rounding tie."""
-    if entry.axis is not None or entry.grid != "linear" or received.size != value.size:
+    near a rounding tie (on a per-tensor or a per-channel linear grid)."""
+    if entry.grid != "linear" or received.size != value.size:
         return []
-    scale = float(np.asarray(entry.scale).reshape(-1)[0])
-    zero_point = int(np.asarray(entry.zero_point).reshape(-1)[0])
+    scale = np.asarray(entry.scale, np.float64).reshape(-1)
+    zero_point = np.asarray(entry.zero_point, np.float64).reshape(-1)
+    if entry.axis is not None:  # one scale per channel along the axis: broadcast over the received tensor
+        axis = entry.axis % max(received.ndim, 1)
+        if received.ndim <= axis or received.shape[axis] != scale.size or zero_point.size != scale.size:
+            return []
+        view = [1] * received.ndim
+        view[axis] = -1
+        scale = np.broadcast_to(scale.reshape(view), received.shape).reshape(-1)
+        zero_point = np.broadcast_to(zero_point.reshape(view), received.shape).reshape(-1)
+    else:
+        scale, zero_point = scale[:1], zero_point[:1]
     steps = received.reshape(-1).astype(np.float64) / scale + zero_point
     low = np.floor(steps)
     near = np.abs(steps - low - 0.5) < TIE_STEPS
@@ -418,7 +428,8 @@ def _flips(entry: TensorQParams, received: np.ndarray, value: np.ndarray) -> lis
     other = np.where(level == low, low + 1, np.where(level == low + 1, low, np.nan))
     ok = near & np.isfinite(other) & (other >= entry.quant_min) & (other <= entry.quant_max)
     distance = np.abs(steps - low - 0.5)
-    return [(float(distance[i]), int(i), float((other[i] - zero_point) * scale)) for i in np.flatnonzero(ok)]
+    shifted = (other - zero_point) * scale
+    return [(float(distance[i]), int(i), float(shifted[i])) for i in np.flatnonzero(ok)]
 
 
 def tail_quantized(
