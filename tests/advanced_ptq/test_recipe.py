@@ -97,10 +97,11 @@ def test_plain_calibration_and_a_chosen_observer_are_kept():
         torch.testing.assert_close(scale, activation_scales(plain)[name], rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("backend", ["tensorrt", "snpe"])
+@pytest.mark.parametrize("backend", ["tensorrt", "tengine_u8"])
 def test_a_model_with_layernorm_is_calibrated_plainly(backend):
     """Transformers' outlier channels are not clipped (the percentile cost MiniLM embedding cosine), nor their
-    weights equalized and biases corrected, unless the recipe is given."""
+    weights equalized and biases corrected, unless the recipe is given (or the backend has a transformer recipe of
+    its own: the next test)."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 8), nn.LayerNorm(8), nn.Linear(8, 4)).eval()
     data = torch.randn(4096, 8)  # one outlier in 32768 values
@@ -117,10 +118,51 @@ def test_a_model_with_layernorm_is_calibrated_plainly(backend):
     for (weight, bias), layer in zip(weights, layers, strict=True):
         assert torch.equal(weight, layer.weight) and torch.equal(bias, layer.bias)
     given = prepare_by_platform(model, backend)
-    calibrate(given, [data], recipe=ParamsTable["snpe"].ptq_recipe)  # given: applied
+    calibrate(given, [data], recipe=ParamsTable[backend].ptq_recipe)  # given: applied
     assert any(
         bool((scale < 0.5 * activation_scales(plain)[name]).any()) for name, scale in activation_scales(given).items()
     )
+
+
+@pytest.mark.parametrize("backend", ["snpe", "onnx_qnn"])
+def test_an_all_integer_uint8_transformer_gets_the_least_squared_error_grids(backend):
+    """snpe's and onnx_qnn's transformer recipe: no equalization or bias correction, and each activation's grid
+    (scale and zero point) of least squared error over all the calibration data, both ends placed freely. Each
+    grid's error, computed here from its scale and zero point, is at most that of the running min / max grid (1%
+    for the histogram's model of the data), and their sum below that of the min / max grids."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), nn.LayerNorm(8), nn.Linear(8, 8), nn.GELU(), nn.Linear(8, 4)).eval()
+    data = torch.randn(4096, 8) ** 3  # heavy tails
+    qmodel = prepare_by_platform(model, backend)
+    assert recipe_of(qmodel) == PTQRecipe(activation_observer="AffineHistogramObserver")
+    layers = [m for m in qmodel.modules() if isinstance(m, nn.Linear)]
+    weights = [(m.weight.detach().clone(), m.bias.detach().clone()) for m in layers]
+    calibrate(qmodel, [data])
+    for (weight, bias), layer in zip(weights, layers, strict=True):
+        assert torch.equal(weight, layer.weight) and torch.equal(bias, layer.bias)
+    plain = prepare_by_platform(model, backend)
+    calibrate(plain, [data], recipe=PTQRecipe())
+    inputs: dict[str, torch.Tensor] = {}
+    handles = [
+        q.register_forward_pre_hook(lambda _, args, name=name: inputs.__setitem__(name, args[0].detach()))
+        for name, q in quantizers(plain)
+        if role_of(name, q).kind == "activation"  # type: ignore[arg-type]
+    ]
+    with torch.no_grad(), all_switched_off(plain):
+        plain(data)
+    for handle in handles:
+        handle.remove()
+
+    def error(quantizer: nn.Module, x: torch.Tensor) -> float:
+        scale, zero_point = float(quantizer.scale.detach()), int(quantizer.zero_point)
+        q = torch.clamp(torch.round(x.double() / scale) + zero_point, quantizer.quant_min, quantizer.quant_max)
+        return float(((q - zero_point) * scale - x.double()).pow(2).sum())
+
+    mine, theirs = dict(quantizers(qmodel)), dict(quantizers(plain))
+    errors = {name: (error(mine[name], x), error(theirs[name], x)) for name, x in inputs.items()}
+    assert len(errors) >= 4
+    assert all(own <= 1.01 * other for own, other in errors.values()), errors
+    assert sum(own for own, _ in errors.values()) < sum(other for _, other in errors.values())
 
 
 def test_use_activation_observer_only_replacing_the_default():

@@ -1,4 +1,4 @@
-"""Properties every built-in observer has, checked for all 13 of them.
+"""Properties every built-in observer has, checked for all 15 of them.
 
 Observer-specific references (formulas, brute-force searches) live in the per-family files; what is here
 must hold for any observer: per-channel statistics equal per-slice ones on any axis, constant input gives
@@ -18,6 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mqbench.observer import (
+    AffineHistogramObserver,
     ClipStdObserver,
     EMAMinMaxObserver,
     EMAMSEObserver,
@@ -82,6 +83,13 @@ _SPECS = [
     Spec(HistogramObserver, histogram=True, channel_change=_HISTOGRAM_CHANNEL_CHANGE, constant_exact=False),
     Spec(KLDObserver, histogram=True, channel_change=_HISTOGRAM_CHANNEL_CHANGE, constant_exact=False),
     Spec(PercentileObserver, histogram=True, channel_change=_HISTOGRAM_CHANNEL_CHANGE, constant_exact=False),
+    Spec(
+        AffineHistogramObserver,
+        rtol=1e-5,
+        histogram=True,
+        channel_change=_HISTOGRAM_CHANNEL_CHANGE,
+        constant_exact=False,
+    ),
 ]
 SPECS = {spec.cls.__name__: spec for spec in _SPECS}
 each_observer = pytest.mark.parametrize("spec", _SPECS, ids=list(SPECS))

@@ -1,6 +1,6 @@
 """The ONNX QLinear backend: what onnxruntime's QLinear operators need, for an all-integer graph."""
 
-from mqbench.backends.families import PER_TENSOR_WEIGHTS, QLINEAR
+from mqbench.backends.families import AFFINE_TRANSFORMERS, PER_TENSOR_WEIGHTS, QLINEAR
 from mqbench.backends.spec import BackendSpec, QuantizerSpec
 from mqbench.scheme import QuantScheme
 
@@ -15,4 +15,5 @@ SPEC = BackendSpec(
     deploy=("qlinear_onnx",),
     served_on_cpu=True,
     ptq_recipe=PER_TENSOR_WEIGHTS,
+    transformer_recipe=AFFINE_TRANSFORMERS,
 )

@@ -1,6 +1,6 @@
 """The Qualcomm SNPE backend: all-integer: inputs and outputs of every quantized op, asymmetric uint8."""
 
-from mqbench.backends.families import PER_TENSOR_WEIGHTS, TOTAL_INT
+from mqbench.backends.families import AFFINE_TRANSFORMERS, PER_TENSOR_WEIGHTS, TOTAL_INT
 from mqbench.backends.spec import BackendSpec, QuantizerSpec
 from mqbench.scheme import QuantScheme
 
@@ -14,4 +14,5 @@ SPEC = BackendSpec(
     description="Qualcomm SNPE / QNN, all-integer uint8",
     deploy=("encodings",),
     ptq_recipe=PER_TENSOR_WEIGHTS,
+    transformer_recipe=AFFINE_TRANSFORMERS,
 )

@@ -25,10 +25,12 @@ from mqbench.observer.minmax import (
     PoTModeObserver,
 )
 from mqbench.observer.mse import EMAMSEObserver, MSEObserver
+from mqbench.observer.signed_histogram import AffineHistogramObserver
 from mqbench.observer.statistics import ClipStdObserver, EMAQuantileObserver, LSQObserver, LSQPlusObserver
 from mqbench.utils.registry import Registry
 
 __all__ = [
+    "AffineHistogramObserver",
     "ClipStdObserver",
     "EMAMSEObserver",
     "EMAMinMaxObserver",
@@ -68,6 +70,7 @@ ObserverDict: Registry[type[ObserverBase]] = Registry(
             HistogramObserver,
             KLDObserver,
             PercentileObserver,
+            AffineHistogramObserver,
         )
     },
 )
