@@ -86,6 +86,22 @@ def container(entry: TensorQParams) -> tuple[int, int, np.dtype]:
     return 0, 255, np.dtype(np.uint8)
 
 
+def _floors(graph: onnx.GraphProto) -> dict[str, float]:
+    """The least value each tensor can hold where its producer bounds it from below: a ReLU, sigmoid or softmax
+    (0), a Clip with a constant minimum (that minimum)."""
+    constants = {init.name: init for init in graph.initializer}
+    constants.update({n.output[0]: n.attribute[0].t for n in graph.node if n.op_type == "Constant" and n.attribute})
+    floors: dict[str, float] = {}
+    for node in graph.node:
+        if node.op_type in ("Relu", "Sigmoid", "Softmax"):
+            floors[node.output[0]] = 0.0
+        elif node.op_type == "Clip" and len(node.input) > 1 and node.input[1] in constants:
+            value = numpy_helper.to_array(constants[node.input[1]])
+            if value.size == 1:
+                floors[node.output[0]] = float(value.reshape(()))
+    return floors
+
+
 class _Builder:
     def __init__(self, model: onnx.ModelProto) -> None:
         self.graph = model.graph
@@ -95,6 +111,7 @@ class _Builder:
         self.ranks.update({i.name: len(i.dims) for i in self.graph.initializer})
         self.ranks.update({v.name: len(v.type.tensor_type.shape.dim) for v in self.graph.value_info})
         self.dropped: set[str] = set()  # float initializers an integer form replaced (removed once unread)
+        self.floors = _floors(model.graph)
 
     def name(self, base: str) -> str:
         return unique_name(base, self.taken)
@@ -125,8 +142,13 @@ class _Builder:
     def linear8(self, tensor: str, entry: TensorQParams) -> str:
         low, high, dtype = container(entry)
         x = tensor
-        if (entry.quant_min, entry.quant_max) != (low, high) and entry.kind != "weight":
-            lo, hi = entry.float_range()
+        lo, hi = entry.float_range()
+        # QuantizeLinear saturates at its type's ends: a range narrower than the type is clipped first, unless the
+        # type's top is the range's and the values never pass its low end (int8's [-127, 127] after a ReLU): a Clip
+        # between a layer and its QuantizeLinear keeps onnxruntime from running them as one int8 kernel
+        floor = self.floors.get(tensor)
+        clips_low = entry.quant_min > low and not (floor is not None and floor >= float(np.max(lo)))
+        if (clips_low or entry.quant_max < high) and entry.kind != "weight":
             if entry.axis is None:
                 x = self.node(
                     "Clip",
