@@ -7,7 +7,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mqbench.advanced_ptq import bias_correction, cross_layer_equalization
+from mqbench.advanced_ptq import (
+    bias_correction,
+    cross_layer_equalization,
+    fast_bias_correction,
+    recording_input_means,
+)
 from mqbench.prepare_by_platform import prepare_by_platform
 from mqbench.utils.state import disable_all, enable_calibration, enable_quantization
 
@@ -113,6 +118,57 @@ def test_bias_correction_removes_each_layers_mean_error():
             mean_error = (quantized - full).mean(dim=(0, 2, 3))
             typical = float((quantized - full).abs().mean())
             assert float(mean_error.abs().max()) < 1e-5 * max(1.0, typical), name  # float32 sums of 2048 values
+
+
+@pytest.mark.parametrize("depthwise", [False, True], ids=["1x1", "depthwise-3x3"])
+def test_fast_bias_correction_subtracts_the_weight_error_applied_to_each_float_input_mean(depthwise):
+    """The correction of each layer is ``(q(W) - W)`` applied to the mean of its float input per channel, each
+    kernel tap reading the channel's mean (computed here with einsum from the inputs the layers received)."""
+    torch.manual_seed(0)
+    model = Pair(depthwise=depthwise).eval()
+    with torch.no_grad():
+        model.first.weight.add_(0.02)
+    images = torch.randn(64, 3, 8, 8) + 0.5
+    qmodel = prepare_by_platform(model, "tensorrt", W4_PER_TENSOR)
+    enable_calibration(qmodel)
+    inputs: dict[str, torch.Tensor] = {}
+    hooks = [
+        qmodel.get_submodule(name).register_forward_pre_hook(lambda m, a, name=name: inputs.__setitem__(name, a[0]))
+        for name in ("first", "second")
+    ]
+    with torch.no_grad(), recording_input_means(qmodel) as sums:
+        qmodel(images)  # the calibration pass: float inputs
+    for hook in hooks:
+        hook.remove()
+    enable_quantization(qmodel)
+    original = {name: qmodel.get_submodule(name).bias.detach().clone() for name in ("first", "second")}
+    corrections = fast_bias_correction(qmodel, sums)
+    assert set(corrections) == {"first", "second"}
+    for name, x in inputs.items():
+        conv = qmodel.get_submodule(name)
+        error = (conv.weight_fake_quant(conv.weight) - conv.weight).detach().double()
+        mean = x.double().mean(dim=(0, 2, 3))
+        if conv.groups == 1:
+            expected = torch.einsum("oikl,i->o", error, mean)
+        else:  # one input channel per output channel
+            expected = torch.einsum("ojkl,o->o", error, mean)
+        torch.testing.assert_close(conv.bias.detach().double(), original[name].double() - expected, rtol=0, atol=1e-6)
+        assert float(expected.abs().max()) > 1e-4, name  # a correction that matters on this 4-bit grid
+    # on a layer whose inputs have no padded border (the 1x1 second layer), the mean error is then gone
+    if not depthwise:
+        conv = qmodel.get_submodule("second")
+        x = inputs["second"]
+        with torch.no_grad():
+            quantized = F.conv2d(x, conv.weight_fake_quant(conv.weight), conv.bias)
+            full = F.conv2d(x, conv.weight, original["second"])
+        assert float((quantized - full).mean(dim=(0, 2, 3)).abs().max()) < 1e-5
+
+
+def test_fast_bias_correction_needs_bias_correction():
+    from mqbench.backends import PTQRecipe
+
+    with pytest.raises(ValueError, match="set bias_correction too"):
+        PTQRecipe(fast_bias_correction=True)
 
 
 def test_bias_correction_over_batches_of_different_shapes():

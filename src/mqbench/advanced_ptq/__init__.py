@@ -8,7 +8,12 @@ calibrated first. See :mod:`mqbench.advanced_ptq.reconstruction` for the algorit
 
 from mqbench.advanced_ptq.awq import AWQ_DEFAULTS, awq
 from mqbench.advanced_ptq.calibration import calibrate
-from mqbench.advanced_ptq.correction import bias_correction, cross_layer_equalization
+from mqbench.advanced_ptq.correction import (
+    bias_correction,
+    cross_layer_equalization,
+    fast_bias_correction,
+    recording_input_means,
+)
 from mqbench.advanced_ptq.gptq import GPTQ_DEFAULTS, gptq
 from mqbench.advanced_ptq.mqbench_api import (
     USE_DDP,
@@ -67,6 +72,7 @@ __all__ = [
     "extract_block",
     "extract_layer",
     "extract_subgraph",
+    "fast_bias_correction",
     "find_cur_node",
     "find_num_nodes",
     "find_units",
@@ -83,6 +89,7 @@ __all__ = [
     "prepare_fp_and_quant_model_for_ptq",
     "ptq_reconstruction",
     "qnode2fpnode",
+    "recording_input_means",
     "restore_smoothing",
     "save_inp_oup_data",
     "smooth_quant",

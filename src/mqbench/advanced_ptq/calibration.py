@@ -23,12 +23,18 @@ observer again (with the scales calibrated), so the state dict loads into a fres
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any, cast
 
 import torch
 from torch import fx, nn
 
-from mqbench.advanced_ptq.correction import bias_correction, cross_layer_equalization
+from mqbench.advanced_ptq.correction import (
+    bias_correction,
+    cross_layer_equalization,
+    fast_bias_correction,
+    recording_input_means,
+)
 from mqbench.advanced_ptq.pipeline import one_pass
 from mqbench.advanced_ptq.reconstruction import calibration_batches, call_with
 from mqbench.advanced_ptq.smoothing import smooth_quant
@@ -213,7 +219,10 @@ def calibrate(
         smooth_quant(model, batches, alpha=recipe.smooth_alpha, after_norm=smooth == "after_norm")
     reset_observers(model)  # a model calibrated before (then rotated, smoothed, ...) gets the ranges of now
     enable_calibration_woquantization(model, quantizer_type="act_fake_quant")
-    one_pass(model, batches)  # block by block on a transformer
+    fast = recipe.bias_correction and recipe.fast_bias_correction
+    recording: AbstractContextManager[dict[str, list[Any]]] = recording_input_means(model) if fast else nullcontext({})
+    with recording as input_sums:
+        one_pass(model, batches)  # block by block on a transformer
     put_back_observers(model, replaced)
     if recipe.guard_pair_saturation and int8_pairs_saturate():
         narrowed = narrow_weights_after_signed_inputs(model)
@@ -221,6 +230,8 @@ def calibrate(
     enable_calibration_woquantization(model, quantizer_type="weight_fake_quant")
     call_with(model, batches[0])
     enable_quantization(model)
-    if recipe.bias_correction:
+    if fast:
+        fast_bias_correction(model, input_sums)
+    elif recipe.bias_correction:
         bias_correction(model, batches)
     return model

@@ -40,7 +40,8 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any, cast
 
 import torch
@@ -218,20 +219,10 @@ def _channel_sums(module: nn.Module, error: Tensor) -> tuple[Tensor, int]:
     return error.sum(dim=dims), error.numel() // error.shape[channel]
 
 
-@torch.no_grad()
-def bias_correction(model: fx.GraphModule, cali_data: Any, layers: Sequence[str] | None = None) -> dict[str, float]:
-    """Correct the bias of each quantized layer for the mean error its quantized weight makes (see the module
-    docstring); returns the largest per-channel correction of each layer.
-
-    One forward pass of the quantized model: just before a layer runs, the error its quantized
-    weight makes on the input it receives is measured and its bias corrected, so later layers see
-    the earlier corrections (the layer-by-layer algorithm, at the cost of about two forward
-    passes). Batches of tensors that differ only in batch size are joined into one pass; other
-    batches run one after another, each layer's correction then the running mean so far (later
-    layers' inputs carry the corrections of the batches before).
-    """
+def _correctable(model: fx.GraphModule, layers: Sequence[str] | None) -> dict[str, tuple[str, nn.Module, QuantizeBase]]:
+    """Each quantized conv or linear layer whose bias is its own (by module name): its node's name, the module, its
+    weight quantizer; ``layers``: only those nodes."""
     modules = dict(model.named_modules())
-    batches = _joined(calibration_batches(cali_data))
     chosen: dict[str, tuple[str, nn.Module, QuantizeBase]] = {}
     biases: dict[int, list[str]] = {}  # a bias tensor held by several modules: correcting it would move them all
     for name, module in model.named_modules(remove_duplicate=False):
@@ -250,6 +241,83 @@ def bias_correction(model: fx.GraphModule, cali_data: Any, layers: Sequence[str]
             logger.warning("bias_correction: %s shares its bias with %s (tied); not corrected", node.target, others)
             continue
         chosen.setdefault(str(node.target), (node.name, module, quantizer))
+    return chosen
+
+
+@contextmanager
+def recording_input_means(model: fx.GraphModule, layers: Sequence[str] | None = None) -> Iterator[dict[str, list[Any]]]:
+    """While open, each correctable layer's input summed per input channel over the passes run (``target ->
+    [sum, count]``): what :func:`fast_bias_correction` reads, recorded during the calibration pass."""
+    sums: dict[str, list[Any]] = {}
+    handles = []
+
+    def recorder(target: str, module: nn.Module) -> Any:
+        def hook(_: nn.Module, args: tuple[Any, ...]) -> None:
+            x = args[0].detach()
+            channel = x.dim() - 1 if isinstance(module, nn.Linear) else 1
+            dims = [d for d in range(x.dim()) if d != channel]
+            entry = sums.setdefault(target, [torch.zeros(x.shape[channel], dtype=torch.float64, device=x.device), 0])
+            entry[0] += x.sum(dim=dims, dtype=torch.float64)
+            entry[1] += x.numel() // x.shape[channel]
+
+        return hook
+
+    try:
+        for target, (_, module, _) in _correctable(model, layers).items():
+            handles.append(module.register_forward_pre_hook(recorder(target, module)))
+        yield sums
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+@torch.no_grad()
+def fast_bias_correction(
+    model: fx.GraphModule, input_sums: dict[str, list[Any]], layers: Sequence[str] | None = None
+) -> dict[str, float]:
+    """Correct each layer's bias for the error its quantized weight makes on the mean of its input (recorded by
+    :func:`recording_input_means`, in float): ``(q(W) - W)`` applied to the per-channel input mean, each kernel
+    tap reading the channel's mean (exact for 1x1 convolutions and linear layers; a padded border's zeros are not
+    modelled). No pass of the quantized model; returns the largest per-channel correction of each layer."""
+    corrected = {}
+    for target, (name, module, quantizer) in _correctable(model, layers).items():
+        if target not in input_sums:
+            continue
+        total, count = input_sums[target]
+        mean = (total / max(count, 1)).to(_weight(module).dtype)
+        weight = _weight(module)
+        error_weight = quantizer(weight) - weight
+        if isinstance(module, nn.Linear):
+            error = error_weight @ mean
+        else:
+            groups = int(getattr(module, "groups", 1))
+            summed = error_weight.flatten(2).sum(dim=2)  # [out, in / groups]
+            per_group = mean.view(groups, -1)
+            error = (summed.view(groups, -1, summed.shape[1]) * per_group.unsqueeze(1)).sum(dim=2).reshape(-1)
+        bias = _bias(module)
+        if bias is None:
+            module.bias = nn.Parameter(torch.zeros_like(error))
+            bias = _bias(module)
+        cast(Tensor, bias).sub_(error)
+        corrected[name] = float(error.abs().max())
+    logger.info("fast bias correction: %d layer(s)", len(corrected))
+    return corrected
+
+
+@torch.no_grad()
+def bias_correction(model: fx.GraphModule, cali_data: Any, layers: Sequence[str] | None = None) -> dict[str, float]:
+    """Correct the bias of each quantized layer for the mean error its quantized weight makes (see the module
+    docstring); returns the largest per-channel correction of each layer.
+
+    One forward pass of the quantized model: just before a layer runs, the error its quantized
+    weight makes on the input it receives is measured and its bias corrected, so later layers see
+    the earlier corrections (the layer-by-layer algorithm, at the cost of about two forward
+    passes). Batches of tensors that differ only in batch size are joined into one pass; other
+    batches run one after another, each layer's correction then the running mean so far (later
+    layers' inputs carry the corrections of the batches before).
+    """
+    batches = _joined(calibration_batches(cali_data))
+    chosen = _correctable(model, layers)
     state: dict[str, list[Any]] = {}  # target -> [original bias, error sum, count]
     handles = []
 

@@ -209,6 +209,8 @@ class PTQRecipe:
             running min/max suits training; after one calibration pass a clipping observer loses less.
         equalize: cross-layer equalization of the weights before calibrating (per-tensor weight grids).
         bias_correction: empirical bias correction after calibrating (costs a forward pass per layer).
+        fast_bias_correction: with ``bias_correction``, each layer's correction from the mean of its float input,
+            recorded during the calibration pass (``mqbench.advanced_ptq.fast_bias_correction``): no further pass.
         guard_pair_saturation: on a host whose int8 CPU kernels sum two u8 x s8 products in a saturating
             16-bit register (x86 without VNNI: ``mqbench.utils.host.int8_pairs_saturate``), the layers reading a
             signed 8-bit input get 7-bit weights ([-64, 63]). A CPU runtime shifts a signed input by 128 to
@@ -226,11 +228,14 @@ class PTQRecipe:
     activation_observer: str | None = None
     equalize: bool = False
     bias_correction: bool = False
+    fast_bias_correction: bool = False
     guard_pair_saturation: bool = False
     smooth: bool = False
     smooth_alpha: float | None = None
 
     def __post_init__(self) -> None:
+        if self.fast_bias_correction and not self.bias_correction:
+            raise ValueError("PTQRecipe.fast_bias_correction chooses how bias_correction runs: set bias_correction too")
         if self.smooth_alpha is not None and not 0.0 <= self.smooth_alpha <= 1.0:
             raise ValueError(f"PTQRecipe.smooth_alpha must be in [0, 1] or None (searched), got {self.smooth_alpha}")
 
@@ -240,7 +245,7 @@ class PTQRecipe:
             text
             for flag, text in (
                 (self.equalize, "cross-layer equalization"),
-                (self.bias_correction, "bias correction"),
+                (self.bias_correction, "fast bias correction" if self.fast_bias_correction else "bias correction"),
                 (self.guard_pair_saturation, "7-bit weights after signed inputs on CPUs without VNNI"),
                 (
                     self.smooth,
