@@ -90,7 +90,9 @@ def _floors(graph: onnx.GraphProto) -> dict[str, float]:
     """The least value each tensor can hold where its producer bounds it from below: a ReLU, sigmoid or softmax
     (0), a Clip with a constant minimum (that minimum)."""
     constants = {init.name: init for init in graph.initializer}
-    constants.update({n.output[0]: n.attribute[0].t for n in graph.node if n.op_type == "Constant" and n.attribute})
+    constants.update(
+        {n.output[0]: a.t for n in graph.node if n.op_type == "Constant" for a in n.attribute if a.name == "value"}
+    )
     floors: dict[str, float] = {}
     for node in graph.node:
         if node.op_type in ("Relu", "Sigmoid", "Softmax"):
