@@ -92,8 +92,8 @@ def torchvision_model(name: str, state: dict[str, torch.Tensor]) -> torch.nn.Mod
 def main() -> None:
     args = peer_parser(__doc__).parse_args()
     data = read_work(args)
-    # attention as its separate operations (projections, products, softmax), which QuantSim quantizes and ONNX
-    # exports, rather than inference's fused kernel
+    # attention as its separate operations rather than inference's fused kernel (QuantSim still leaves the
+    # nn.MultiheadAttention module float: the record's `float_weights` lists what it did not quantize)
     torch.backends.mha.set_fastpath_enabled(False)
     # AIMET quantizes modules, which a torch.export program does not hold: the same architecture from torchvision
     model = torchvision_model(args.work.name, torch.load(args.work / "float_state.pt", weights_only=True))
@@ -128,6 +128,9 @@ def main() -> None:
     agreement = float((outputs.argmax(1) == data["reference"].argmax(1)).float().mean())
     args.out.mkdir(parents=True, exist_ok=True)
     sim.export(str(args.out), "aimet", dummy)
+    encodings = json.loads((args.out / "aimet.encodings").read_text())
+    quantized = {entry["name"] for entry in encodings["param_encodings"]}
+    weights = [name for name, parameter in model.named_parameters() if name.endswith("weight") and parameter.dim() > 1]
     record = {
         "peer": "aimet",
         "versions": {name: version(name) for name in ("aimet-torch", "torch")},
@@ -137,6 +140,9 @@ def main() -> None:
         "runtime": "AIMET QuantSim (simulation)",
         "files": sorted(path.name for path in args.out.iterdir()),
         "float_logits_max_difference": float_error,
+        "activation_encodings": len(encodings["activation_encodings"]),
+        "weight_encodings": len(quantized & set(weights)),
+        "float_weights": [name for name in weights if name not in quantized],
     }
     (args.out / "aimet.json").write_text(json.dumps(record, indent=2))
     print(json.dumps(record))
