@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -162,6 +164,17 @@ def test_fast_bias_correction_subtracts_the_weight_error_applied_to_each_float_i
             quantized = F.conv2d(x, conv.weight_fake_quant(conv.weight), conv.bias)
             full = F.conv2d(x, conv.weight, original["second"])
         assert float((quantized - full).mean(dim=(0, 2, 3)).abs().max()) < 1e-5
+
+
+def test_fast_bias_correction_names_the_layers_it_has_no_input_for(caplog):
+    torch.manual_seed(0)
+    qmodel = calibrated(Pair(depthwise=False).eval(), torch.randn(8, 3, 8, 8))
+    before = {name: qmodel.get_submodule(name).bias.detach().clone() for name in ("first", "second")}
+    with caplog.at_level(logging.WARNING, logger="mqbench"):
+        assert fast_bias_correction(qmodel, {}) == {}
+    assert "2 layer(s) saw no input while recording (first, second): not corrected" in caplog.text
+    for name, bias in before.items():
+        assert torch.equal(qmodel.get_submodule(name).bias, bias)
 
 
 def test_fast_bias_correction_needs_bias_correction():

@@ -280,7 +280,15 @@ def fast_bias_correction(
     tap reading the channel's mean (exact for 1x1 convolutions and linear layers; a padded border's zeros are not
     modelled). No pass of the quantized model; returns the largest per-channel correction of each layer."""
     corrected = {}
-    for target, (name, module, quantizer) in _correctable(model, layers).items():
+    chosen = _correctable(model, layers)
+    unseen = sorted(name for target, (name, _, _) in chosen.items() if target not in input_sums)
+    if unseen:
+        logger.warning(
+            "fast bias correction: %d layer(s) saw no input while recording (%s): not corrected",
+            len(unseen),
+            ", ".join(unseen[:5]),
+        )
+    for target, (name, module, quantizer) in chosen.items():
         if target not in input_sums:
             continue
         total, count = input_sums[target]
