@@ -35,44 +35,67 @@ def _pow2_exponent(value: Tensor) -> Tensor:
     return exponent.clamp(_TINY_EXPONENT, _HUGE_EXPONENT)
 
 
-class _AbsHistogramObserver(ObserverBase):
-    """Maintains ``histogram`` (``[C, bins]`` int64 counts of ``|x|``) and its range ``hist_range`` (``[C]``)."""
+class DoublingHistogram(ObserverBase):
+    """Maintains ``histogram`` (``[C, SIDES * bins]`` int64 counts) over a range ``hist_range`` (``[C]``) that is a
+    power of two, doubled as often as a batch needs, each doubling merging bins exactly. A subclass says where a
+    value falls (``_bin_index``) and where a bin goes when the range doubles (``_merged``); ``SIDES`` is 1 for a
+    histogram of ``|x|``, 2 for one of ``x`` over ``[-R, R]``."""
 
     histogram: Tensor
     hist_range: Tensor
+    SIDES = 1
 
     def __init__(self, *args: Any, bins: int = 2048, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         if int(bins) != bins or bins < 2:
             raise ValueError(f"bins must be an integer of at least 2, got {bins}")
         self.bins = int(bins)
-        self.register_buffer("histogram", torch.zeros(1, self.bins, dtype=torch.int64))
+        self.register_buffer("histogram", torch.zeros(1, self.SIDES * self.bins, dtype=torch.int64))
         self.register_buffer("hist_range", torch.zeros(1))
 
     # -- recording -------------------------------------------------------------------------
+    def _bin_index(self, rows: Tensor, hist_range: Tensor, exponent: Tensor) -> Tensor:
+        """``[C, N]`` column of each value of ``rows`` on the range ``hist_range = 2 ** exponent``."""
+        raise NotImplementedError
+
+    def _merged(self, histogram: Tensor, doublings: Tensor) -> Tensor:
+        """Each row's histogram after doubling its range ``doublings[c]`` times."""
+        raise NotImplementedError
+
     def _observe(self, rows: Tensor) -> None:
         lo, hi = row_min_max(rows)
         self.check_finite(lo, hi)
         exponent = _pow2_exponent(torch.maximum(-lo, hi))
-        channels = rows.shape[0]
+        channels, columns = rows.shape[0], self.SIDES * self.bins
         if self.num_batches == 0 or self.histogram.shape[0] != channels:
             if self.num_batches > 0:
                 raise ValueError(
                     f"{self._where()} saw {channels} channels after {self.histogram.shape[0]}; "
                     "a histogram observer needs the same number of channels in every batch"
                 )
-            histogram = torch.zeros(channels, self.bins, dtype=torch.int64, device=rows.device)
+            histogram = torch.zeros(channels, columns, dtype=torch.int64, device=rows.device)
         else:
             old = torch.frexp(self.hist_range)[1] - 1  # hist_range is exactly 2**old
             exponent = torch.maximum(exponent, old)
             histogram = self._merged(self.histogram, exponent - old)
         hist_range = torch.ldexp(torch.ones(channels, device=rows.device), exponent)
-        # |x| / R is exact (R is a power of two), so bin indices agree across range doublings.
-        index = torch.div(rows.abs(), hist_range.unsqueeze(1)).mul_(self.bins).floor_().long().clamp_(0, self.bins - 1)
-        index += torch.arange(channels, device=rows.device).unsqueeze(1) * self.bins
-        histogram += torch.bincount(index.reshape(-1), minlength=channels * self.bins).view(channels, self.bins)
-        self.histogram, self.hist_range = histogram, hist_range
+        index = self._bin_index(rows, hist_range, exponent)
+        index += torch.arange(channels, device=rows.device).unsqueeze(1) * columns
+        counts = torch.bincount(index.reshape(-1), minlength=channels * columns).view(channels, columns)
+        self.histogram, self.hist_range = histogram + counts, hist_range
         self._update_min_max(lo, hi)
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):  # type: ignore[no-untyped-def]
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+        self.bins = self.histogram.shape[1] // self.SIDES
+
+
+class _AbsHistogramObserver(DoublingHistogram):
+    """A histogram of ``|x|`` over ``[0, R]`` (``[C, bins]``) and the clipping threshold a subclass finds on it."""
+
+    def _bin_index(self, rows: Tensor, hist_range: Tensor, exponent: Tensor) -> Tensor:
+        # |x| / R is exact (R is a power of two), so bin indices agree across range doublings.
+        return torch.div(rows.abs(), hist_range.unsqueeze(1)).mul_(self.bins).floor_().long().clamp_(0, self.bins - 1)
 
     def _merged(self, histogram: Tensor, doublings: Tensor) -> Tensor:
         """Each row's histogram after doubling its range ``doublings[c]`` times (bin j goes to j >> d)."""
@@ -81,10 +104,6 @@ class _AbsHistogramObserver(ObserverBase):
         shift = doublings.clamp(0, 62).long().unsqueeze(1)
         target = torch.arange(self.bins, device=histogram.device).unsqueeze(0) >> shift
         return torch.zeros_like(histogram).scatter_add_(1, target, histogram)
-
-    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):  # type: ignore[no-untyped-def]
-        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
-        self.bins = self.histogram.shape[1]
 
     # -- clipping range ----------------------------------------------------------------------
     @property

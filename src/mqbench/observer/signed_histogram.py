@@ -22,8 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from mqbench.functional import qparams_from_range, round_pot
-from mqbench.observer.base import ObserverBase, row_min_max
-from mqbench.observer.histogram import _pow2_exponent
+from mqbench.observer.histogram import DoublingHistogram
 
 __all__ = ["AffineHistogramObserver"]
 
@@ -32,7 +31,7 @@ _REFINE = 8  # each later stage: this many scales either side of the best, at an
 _STAGES = 3
 
 
-class AffineHistogramObserver(ObserverBase):
+class AffineHistogramObserver(DoublingHistogram):
     """The grid (scale and zero point) of least expected squared quantization error under a signed histogram.
 
     ``bins`` bins on each side of zero (``2 * bins`` in all; a power of two). ``clip_range`` returns the range
@@ -55,43 +54,18 @@ class AffineHistogramObserver(ObserverBase):
         (0.0, True)
     """
 
-    histogram: Tensor
-    hist_range: Tensor
+    SIDES = 2
 
     def __init__(self, *args: Any, bins: int = 2048, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
         if int(bins) != bins or bins < 2 or int(bins) & (int(bins) - 1):
             raise ValueError(f"bins must be a power of two of at least 2, got {bins}")
-        self.bins = int(bins)
-        self.register_buffer("histogram", torch.zeros(1, 2 * self.bins, dtype=torch.int64))
-        self.register_buffer("hist_range", torch.zeros(1))
+        super().__init__(*args, bins=bins, **kwargs)
 
     # -- recording -------------------------------------------------------------------------
-    def _observe(self, rows: Tensor) -> None:
-        lo, hi = row_min_max(rows)
-        self.check_finite(lo, hi)
-        exponent = _pow2_exponent(torch.maximum(-lo, hi))
-        channels = rows.shape[0]
-        if self.num_batches == 0 or self.histogram.shape[0] != channels:
-            if self.num_batches > 0:
-                raise ValueError(
-                    f"{self._where()} saw {channels} channels after {self.histogram.shape[0]}; "
-                    "a histogram observer needs the same number of channels in every batch"
-                )
-            histogram = torch.zeros(channels, 2 * self.bins, dtype=torch.int64, device=rows.device)
-        else:
-            old = torch.frexp(self.hist_range)[1] - 1  # hist_range is exactly 2**old
-            exponent = torch.maximum(exponent, old)
-            histogram = self._merged(self.histogram, exponent - old)
-        hist_range = torch.ldexp(torch.ones(channels, device=rows.device), exponent)
+    def _bin_index(self, rows: Tensor, hist_range: Tensor, exponent: Tensor) -> Tensor:
         # x * (bins / R) is exact (bins and R are powers of two): bin indices agree across range doublings
         per_unit = torch.ldexp(torch.full_like(hist_range, float(self.bins)), -exponent).unsqueeze(1)
-        index = rows.float().mul(per_unit).floor_().long().add_(self.bins).clamp_(0, 2 * self.bins - 1)
-        index += torch.arange(channels, device=rows.device).unsqueeze(1) * (2 * self.bins)
-        counts = torch.bincount(index.reshape(-1), minlength=channels * 2 * self.bins)
-        self.histogram = histogram + counts.view(channels, 2 * self.bins)
-        self.hist_range = hist_range
-        self._update_min_max(lo, hi)
+        return rows.float().mul(per_unit).floor_().long().add_(self.bins).clamp_(0, 2 * self.bins - 1)
 
     def _merged(self, histogram: Tensor, doublings: Tensor) -> Tensor:
         """Each row's histogram after doubling its range ``d = doublings[c]`` times: bin ``j`` goes to
@@ -103,10 +77,6 @@ class AffineHistogramObserver(ObserverBase):
         j = torch.arange(2 * self.bins, device=histogram.device).unsqueeze(0)
         target = ((j + self.bins * ((1 << d) - 1)) >> d).clamp_(max=2 * self.bins - 1)
         return torch.zeros_like(histogram).scatter_add_(1, target, histogram)
-
-    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):  # type: ignore[no-untyped-def]
-        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
-        self.bins = self.histogram.shape[1] // 2
 
     # -- the search ----------------------------------------------------------------------------
     def _search(self) -> tuple[Tensor, Tensor]:
