@@ -66,7 +66,7 @@ from mqbench.qparams import QParamTable
 from mqbench.utils.export_capture import DYNAMIC_AXES
 from mqbench.utils.host import host_facts
 from mqbench.utils.lazy_weights import require_weights
-from mqbench.utils.state import integer_quantizers
+from mqbench.utils.state import integer_quantizers, sync_qparams
 
 __all__ = [
     "BACKEND_DEPLOY_FUNCTION",
@@ -388,6 +388,7 @@ def _deploy(
             f"(built-in: {sorted(WRITERS)}) and no deploy step was registered for; register one with "
             f"@register_deploy_function({spec.name!r}, {missing[0]!r})"
         )
+    sync_qparams(model)  # a model left calibrating holds its histogram observers' qparams only when asked
     merged = merge_bn(model)
     example = _example_inputs(input_shape_dict, dummy_input, merged)
     try:

@@ -169,6 +169,9 @@ def put_back_observers(model: nn.Module, replaced: dict[str, ObserverBase]) -> N
         old = replaced.get(name)
         if old is None:
             continue
+        sync_qparams = getattr(quantizer, "sync_qparams", None)
+        if sync_qparams is not None:  # the qparams of the replacement, computed before it goes
+            sync_qparams()
         used = cast(ObserverBase, quantizer.activation_post_process)
         old.min_val, old.max_val = used.min_val.clone(), used.max_val.clone()
         old.num_batches = used.num_batches.clone()

@@ -26,7 +26,11 @@ class QuantizeBase(nn.Module):
     Holds the observer as ``activation_post_process`` and two uint8 buffers of
     shape ``[1]``, ``observer_enabled`` and ``fake_quant_enabled``. In calibration
     (observer on) each forward updates the observer and the quantizer's qparams;
-    with fake quant on, the output is quantized.
+    with fake quant on, the output is quantized. An observer whose qparams are a
+    search (``defers_qparams``: the histogram observers) is asked once, when they are
+    next needed, if fake quant is off while it observes: when the observer is switched
+    off or fake quant on, at the next forward that quantizes, when the state dict is
+    read, or on :meth:`sync_qparams`. A batch then costs its recording only.
 
     Subclasses implement ``quantize(x)`` (the training/simulation forward),
     ``update_qparams()`` (pull qparams from the observer) and ``export_qparams()``
@@ -86,6 +90,7 @@ class QuantizeBase(nn.Module):
         self.register_buffer("fake_quant_enabled", torch.tensor([1], dtype=torch.uint8))
         self.register_buffer("observer_enabled", torch.tensor([1], dtype=torch.uint8))
         self._switches = {"observer": True, "fake_quant": True}
+        self._stale_qparams = False  # the observer saw data since the qparams were last computed
 
     @classmethod
     def with_args(cls, **kwargs: Any) -> Factory:
@@ -123,6 +128,8 @@ class QuantizeBase(nn.Module):
     def enable_observer(self, enabled: bool = True) -> None:
         self.observer_enabled[0] = 1 if enabled else 0
         self._switches["observer"] = bool(enabled)
+        if not enabled:
+            self.sync_qparams()
 
     def disable_observer(self) -> None:
         self.enable_observer(False)
@@ -130,6 +137,14 @@ class QuantizeBase(nn.Module):
     def enable_fake_quant(self, enabled: bool = True) -> None:
         self.fake_quant_enabled[0] = 1 if enabled else 0
         self._switches["fake_quant"] = bool(enabled)
+        if enabled:
+            self.sync_qparams()
+
+    def sync_qparams(self) -> None:
+        """Compute the qparams from what the observer has seen, where it deferred them (a no-op otherwise)."""
+        if self.__dict__.get("_stale_qparams", False):  # (a quantizer pickled before this flag has none)
+            self._stale_qparams = False
+            self.update_qparams()
 
     def disable_fake_quant(self) -> None:
         self.enable_fake_quant(False)
@@ -153,10 +168,14 @@ class QuantizeBase(nn.Module):
     def _forward(self, x: Tensor) -> Tensor:
         if _exporting():
             return self.export_forward(x) if self._switch("fake_quant") else x
+        quantizing = self._switch("fake_quant")
         if self._switch("observer"):
             self.activation_post_process(x.detach())
-            self.update_qparams()
-        if self._switch("fake_quant"):
+            self._stale_qparams = True
+            if quantizing or not getattr(self.activation_post_process, "defers_qparams", False):
+                self.sync_qparams()
+        if quantizing:
+            self.sync_qparams()
             x = self.quantize(x)
         return x
 
@@ -183,6 +202,7 @@ class QuantizeBase(nn.Module):
             or self.group_size is not None
         ):
             return None
+        self.sync_qparams()
         return self._quantize_folded(weight, factor)
 
     def _quantize_folded(self, weight: Tensor, factor: Tensor) -> Tensor | None:
@@ -221,10 +241,15 @@ class QuantizeBase(nn.Module):
         return weight
 
     # -- state -------------------------------------------------------------------------------
+    def _save_to_state_dict(self, destination, prefix, keep_vars):  # type: ignore[no-untyped-def]
+        self.sync_qparams()  # a state dict holds the qparams of what was observed
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):  # type: ignore[no-untyped-def]
         resize_to_state_dict(self, state_dict, prefix)
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
         self._switches = {"observer": bool(self.observer_enabled[0]), "fake_quant": bool(self.fake_quant_enabled[0])}
+        self._stale_qparams = False  # the loaded qparams are those of the observer's loaded state
 
     def extra_repr(self) -> str:
         return (

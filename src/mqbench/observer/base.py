@@ -81,6 +81,9 @@ class ObserverBase(nn.Module):
     min_val: Tensor
     max_val: Tensor
     num_batches: Tensor
+    # True where ``calculate_qparams`` searches (costs more than recording a batch): a quantizer calibrating
+    # without quantizing then asks once, when calibration ends, not after every batch (QuantizeBase.sync_qparams)
+    defers_qparams = False
 
     def __init__(
         self,

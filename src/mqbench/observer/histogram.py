@@ -44,6 +44,7 @@ class DoublingHistogram(ObserverBase):
     histogram: Tensor
     hist_range: Tensor
     SIDES = 1
+    defers_qparams = True  # each threshold or grid is a search over the bins
 
     def __init__(self, *args: Any, bins: int = 2048, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

@@ -44,6 +44,7 @@ __all__ = [
     "is_quantizer",
     "quantizers",
     "reset_observers",
+    "sync_qparams",
     "uncalibrated_quantizers",
 ]
 
@@ -94,6 +95,16 @@ def reset_observers(model: nn.Module) -> None:
         count = getattr(quantizer.activation_post_process, "num_batches", None)
         if isinstance(count, Tensor):
             count.zero_()
+
+
+def sync_qparams(model: nn.Module) -> None:
+    """Every quantizer's qparams computed from what its observer has seen, where the observer deferred them (a
+    histogram observer calibrating without quantizing; see ``QuantizeBase``): what reads the scales
+    themselves, not through a forward or the switches, calls this first."""
+    for _, quantizer in quantizers(model):
+        sync = getattr(quantizer, "sync_qparams", None)
+        if callable(sync):
+            sync()
 
 
 def uncalibrated_quantizers(model: nn.Module) -> list[str]:
