@@ -60,6 +60,20 @@ def test_histogram_grows_exactly_in_constant_memory(bins: int) -> None:
     assert torch.equal(reverse.hist_range, obs.hist_range)
 
 
+def test_a_histogram_counts_values_on_every_bin_edge_and_more_of_one_value_than_float32_counts() -> None:
+    """Values exactly on each bin edge, just below each, both zeros, subnormals, and 2**24 + 3 zeros (past the
+    integers float32 holds exactly) in one batch: the counts of ``floor(|x| * bins / R)`` computed here."""
+    bins, top = 2048, np.float32(4.0)
+    edges = np.arange(bins + 1, dtype=np.float32) * (top / np.float32(bins))
+    below = np.nextafter(edges[1:], np.float32(0.0))
+    tiny = np.array([1e-40, -1e-45, 0.0, -0.0], dtype=np.float32)
+    values = np.concatenate([edges, -edges, below, -below, tiny, np.zeros((1 << 24) + 3, dtype=np.float32)])
+    obs = observe(PercentileObserver(bins=bins), [torch.from_numpy(values)])
+    assert float(obs.hist_range[0]) == top
+    index = np.minimum(np.floor(np.abs(values.astype(np.float64)) * bins / float(top)), bins - 1).astype(np.int64)
+    np.testing.assert_array_equal(obs.histogram[0].numpy(), np.bincount(index, minlength=bins))
+
+
 def test_per_channel_histograms_have_own_ranges() -> None:
     gen = torch.Generator().manual_seed(1)
     data = [

@@ -24,6 +24,7 @@ __all__ = ["HistogramObserver", "KLDObserver", "PercentileObserver"]
 _CHUNK_ELEMENTS = 1 << 21
 _COARSE_CANDIDATES = 32  # HistogramObserver's first search stage; each later stage refines the stride by _REFINE
 _REFINE = 8
+_HISTC_EXACT = 1 << 24  # values per torch.histc call: its float32 counts are exact up to this
 _TINY_EXPONENT = -126  # smallest normal float32 power of two; the range never goes below it
 _HUGE_EXPONENT = 127  # largest float32 power of two
 
@@ -80,11 +81,15 @@ class DoublingHistogram(ObserverBase):
             exponent = torch.maximum(exponent, old)
             histogram = self._merged(self.histogram, exponent - old)
         hist_range = torch.ldexp(torch.ones(channels, device=rows.device), exponent)
+        self.histogram, self.hist_range = histogram + self._counts(rows, hist_range, exponent), hist_range
+        self._update_min_max(lo, hi)
+
+    def _counts(self, rows: Tensor, hist_range: Tensor, exponent: Tensor) -> Tensor:
+        """``[C, SIDES * bins]`` int64: how many values of each row of ``rows`` fall in each bin."""
+        channels, columns = rows.shape[0], self.SIDES * self.bins
         index = self._bin_index(rows, hist_range, exponent)
         index += torch.arange(channels, device=rows.device).unsqueeze(1) * columns
-        counts = torch.bincount(index.reshape(-1), minlength=channels * columns).view(channels, columns)
-        self.histogram, self.hist_range = histogram + counts, hist_range
-        self._update_min_max(lo, hi)
+        return torch.bincount(index.reshape(-1), minlength=channels * columns).view(channels, columns)
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):  # type: ignore[no-untyped-def]
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
@@ -97,6 +102,19 @@ class _AbsHistogramObserver(DoublingHistogram):
     def _bin_index(self, rows: Tensor, hist_range: Tensor, exponent: Tensor) -> Tensor:
         # |x| / R is exact (R is a power of two), so bin indices agree across range doublings.
         return torch.div(rows.abs(), hist_range.unsqueeze(1)).mul_(self.bins).floor_().long().clamp_(0, self.bins - 1)
+
+    def _counts(self, rows: Tensor, hist_range: Tensor, exponent: Tensor) -> Tensor:
+        # One row of float32 on the CPU: torch.histc counts the same bins in one pass. Its bin of v is
+        # floor(v * bins / R), every edge k * R / bins, all exact where bins and R are powers of two and
+        # R * bins is finite; it counts in float32, exact up to 2**24 per bin: at most that many values a call.
+        exact = self.bins & (self.bins - 1) == 0 and int(exponent.max()) + self.bins.bit_length() < _HUGE_EXPONENT
+        if rows.shape[0] != 1 or rows.dtype != torch.float32 or rows.device.type != "cpu" or not exact:
+            return super()._counts(rows, hist_range, exponent)
+        top = float(hist_range[0])
+        counts = torch.zeros(self.bins, dtype=torch.int64)
+        for chunk in rows.reshape(-1).split(_HISTC_EXACT):
+            counts += torch.histc(chunk.abs(), self.bins, 0.0, top).long()
+        return counts.unsqueeze(0)
 
     def _merged(self, histogram: Tensor, doublings: Tensor) -> Tensor:
         """Each row's histogram after doubling its range ``doublings[c]`` times (bin j goes to j >> d)."""
