@@ -26,11 +26,13 @@ W4_PER_TENSOR = {
 
 
 class Pair(nn.Module):
-    def __init__(self, depthwise: bool, activation: type[nn.Module] = nn.ReLU) -> None:
+    def __init__(self, depthwise: bool, activation: type[nn.Module] = nn.ReLU, second: nn.Module | None = None) -> None:
         super().__init__()
         self.first = nn.Conv2d(3, 8, 3, padding=1)
         self.act = activation()
         self.second = nn.Conv2d(8, 8, 3, padding=1, groups=8) if depthwise else nn.Conv2d(8, 5, 1)
+        if second is not None:
+            self.second = second
         with torch.no_grad():  # channels of very different ranges
             self.first.weight.mul_(torch.logspace(-1, 1, 8).reshape(8, 1, 1, 1))
 
@@ -94,9 +96,19 @@ def test_equalization_before_calibration_lowers_the_per_tensor_error():
     assert errors[1] < errors[0], errors
 
 
-def test_bias_correction_removes_each_layers_mean_error():
+SECONDS = {  # the second layer: pointwise ones are corrected from their input's sums, the others by a pass
+    "1x1": lambda: nn.Conv2d(8, 5, 1),
+    "1x1-grouped": lambda: nn.Conv2d(8, 6, 1, groups=2),
+    "1x1-stride-2": lambda: nn.Conv2d(8, 5, 1, stride=2),
+    "1x1-padded": lambda: nn.Conv2d(8, 5, 1, padding=1),
+    "depthwise-3x3": lambda: nn.Conv2d(8, 8, 3, padding=1, groups=8),
+}
+
+
+@pytest.mark.parametrize("second", list(SECONDS))
+def test_bias_correction_removes_each_layers_mean_error(second):
     torch.manual_seed(0)
-    model = Pair(depthwise=False).eval()
+    model = Pair(depthwise=False, second=SECONDS[second]()).eval()
     with torch.no_grad():
         model.first.weight.add_(0.02)  # a shared offset the 4-bit grid rounds one way
     images = [torch.randn(32, 3, 8, 8) + 0.5 for _ in range(4)]
@@ -120,6 +132,33 @@ def test_bias_correction_removes_each_layers_mean_error():
             mean_error = (quantized - full).mean(dim=(0, 2, 3))
             typical = float((quantized - full).abs().mean())
             assert float(mean_error.abs().max()) < 1e-5 * max(1.0, typical), name  # float32 sums of 2048 values
+
+
+def test_bias_correction_of_linear_layers_on_token_inputs():
+    """Linear layers on ``[batch, tokens, features]`` inputs: the mean error over every token, measured here."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 5)).eval()
+    with torch.no_grad():
+        model[0].weight.add_(0.03)
+    tokens = [torch.randn(16, 7, 6) + 0.5 for _ in range(3)]
+    qmodel = calibrated(model, torch.cat(tokens))
+    layers = {name: module for name, module in qmodel.named_modules() if isinstance(module, nn.Linear)}
+    original = {name: layer.bias.detach().clone() for name, layer in layers.items()}
+    corrections = bias_correction(qmodel, tokens)
+    assert len(corrections) == len(layers) == 2 and max(corrections.values()) > 0
+    inputs: dict[str, list[torch.Tensor]] = {name: [] for name in layers}
+    for name, layer in layers.items():
+        layer.register_forward_pre_hook(lambda m, a, name=name: inputs[name].append(a[0]))
+    with torch.no_grad():
+        for batch in tokens:
+            qmodel(batch)
+        for name, layer in layers.items():
+            x = torch.cat(inputs[name])
+            error = F.linear(x, layer.weight_fake_quant(layer.weight), layer.bias) - F.linear(
+                x, layer.weight, original[name]
+            )
+            mean_error = error.mean(dim=(0, 1))
+            assert float(mean_error.abs().max()) < 1e-5 * max(1.0, float(error.abs().mean())), name
 
 
 @pytest.mark.parametrize("depthwise", [False, True], ids=["1x1", "depthwise-3x3"])

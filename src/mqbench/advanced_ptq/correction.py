@@ -15,8 +15,10 @@ folded by then in post-training preparation); depthwise second layers are handle
 the mean per output channel of ``layer(x; quantized weight) - layer(x; float weight)`` over the
 calibration data (``x`` as the quantized model computes it, earlier corrections included) is
 subtracted from the layer's bias (one pass of the layer with the weight's error, ``layer(x; quantized weight -
-float weight)``, as the layer is linear in its weight). Run it after calibration, in quantization mode; it costs
-about two forward passes per batch.
+float weight)``, as the layer is linear in its weight; for a linear layer or a 1x1 convolution of stride 1, whose
+outputs summed over positions are the layer applied to its inputs summed so, the weight's error times the input's
+per-channel sum, with no pass). Run it after calibration, in quantization mode; it costs one forward pass per
+batch and a pass of each other convolution.
 
 Example:
     >>> import torch
@@ -197,6 +199,34 @@ def _pre_activation(module: nn.Module, x: Tensor, weight: Tensor) -> Tensor:
     return cast(Tensor, module._conv_forward(x, weight, None))  # type: ignore[operator]
 
 
+def _pointwise(module: nn.Module) -> bool:
+    """Whether each output position of the layer reads one input position and every input position is read once
+    (linear layers; 1x1 convolutions of stride 1 without padding): its outputs summed over positions are then the
+    layer applied to its inputs summed over positions."""
+    if isinstance(module, nn.Linear):
+        return True
+    conv = cast(nn.modules.conv._ConvNd, module)
+    padding = conv.padding
+    unpadded = padding in ("valid", "same") if isinstance(padding, str) else all(p == 0 for p in padding)
+    return all(k == 1 for k in conv.kernel_size) and all(s == 1 for s in conv.stride) and unpadded
+
+
+def _input_channel(module: nn.Module, x: Tensor) -> int:
+    return x.dim() - 1 if isinstance(module, nn.Linear) else 1
+
+
+def _on_channel_vector(module: nn.Module, weight: Tensor, vector: Tensor) -> Tensor:
+    """``weight`` of ``module`` applied to one value per input channel, ``vector``, each kernel tap reading its
+    channel's value: one value per output channel."""
+    vector = vector.to(weight.dtype)
+    if isinstance(module, nn.Linear):
+        return weight @ vector
+    groups = int(getattr(module, "groups", 1))
+    summed = weight.flatten(2).sum(dim=2)  # [out, in / groups]
+    per_group = vector.view(groups, -1)
+    return (summed.view(groups, -1, summed.shape[1]) * per_group.unsqueeze(1)).sum(dim=2).reshape(-1)
+
+
 def _joined(batches: list[Any]) -> list[Any]:
     """The batches as one (tensors joined along the batch axis) where their structures and shapes allow it."""
     flat = [pytree.tree_flatten(batch) for batch in batches]
@@ -254,7 +284,7 @@ def recording_input_means(model: fx.GraphModule, layers: Sequence[str] | None = 
     def recorder(target: str, module: nn.Module) -> Any:
         def hook(_: nn.Module, args: tuple[Any, ...]) -> None:
             x = args[0].detach()
-            channel = x.dim() - 1 if isinstance(module, nn.Linear) else 1
+            channel = _input_channel(module, x)
             dims = [d for d in range(x.dim()) if d != channel]
             entry = sums.setdefault(target, [torch.zeros(x.shape[channel], dtype=torch.float64, device=x.device), 0])
             entry[0] += x.sum(dim=dims, dtype=torch.float64)
@@ -292,16 +322,8 @@ def fast_bias_correction(
         if target not in input_sums:
             continue
         total, count = input_sums[target]
-        mean = (total / max(count, 1)).to(_weight(module).dtype)
         weight = _weight(module)
-        error_weight = quantizer(weight) - weight
-        if isinstance(module, nn.Linear):
-            error = error_weight @ mean
-        else:
-            groups = int(getattr(module, "groups", 1))
-            summed = error_weight.flatten(2).sum(dim=2)  # [out, in / groups]
-            per_group = mean.view(groups, -1)
-            error = (summed.view(groups, -1, summed.shape[1]) * per_group.unsqueeze(1)).sum(dim=2).reshape(-1)
+        error = _on_channel_vector(module, quantizer(weight) - weight, total / max(count, 1))
         bias = _bias(module)
         if bias is None:
             module.bias = nn.Parameter(torch.zeros_like(error))
@@ -319,8 +341,9 @@ def bias_correction(model: fx.GraphModule, cali_data: Any, layers: Sequence[str]
 
     One forward pass of the quantized model: just before a layer runs, the error its quantized
     weight makes on the input it receives is measured and its bias corrected, so later layers see
-    the earlier corrections (the layer-by-layer algorithm, at the cost of about two forward
-    passes). Batches of tensors that differ only in batch size are joined into one pass; other
+    the earlier corrections (the layer-by-layer algorithm; the error of a linear layer or 1x1 convolution is
+    its weight's error on its input's per-channel sum, that of another convolution one pass of it with the
+    weight's error). Batches of tensors that differ only in batch size are joined into one pass; other
     batches run one after another, each layer's correction then the running mean so far (later
     layers' inputs carry the corrections of the batches before).
     """
@@ -330,12 +353,19 @@ def bias_correction(model: fx.GraphModule, cali_data: Any, layers: Sequence[str]
     handles = []
 
     def corrector(target: str, module: nn.Module, quantizer: QuantizeBase) -> Any:
+        pointwise = _pointwise(module)
+
         def hook(_: nn.Module, args: tuple[Any, ...]) -> None:
             x = args[0]
             weight = _weight(module)
             # the layer is linear in its weight: the error of the quantized weight is one pass of the difference
-            error = _pre_activation(module, x, quantizer(weight) - weight)
-            summed, count = _channel_sums(module, error)
+            if pointwise:  # ... and the sum of its outputs that pass applied to the input's sum (no pass at all)
+                channel = _input_channel(module, x)
+                dims = [d for d in range(x.dim()) if d != channel]
+                summed = _on_channel_vector(module, quantizer(weight) - weight, x.sum(dim=dims, dtype=torch.float64))
+                count = x.numel() // x.shape[channel]
+            else:
+                summed, count = _channel_sums(module, _pre_activation(module, x, quantizer(weight) - weight))
             if target not in state:
                 bias = _bias(module)
                 if bias is None:
