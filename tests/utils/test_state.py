@@ -87,3 +87,48 @@ def test_a_kind_is_selected_by_the_role_prepare_wrote_whatever_the_names():
     state.enable_calibration_woquantization(qmodel, quantizer_type="weight_fake_quant")
     on = {name for name, q in state.quantizers(qmodel) if bool(q.observer_enabled[0])}
     assert on == {"weight_fake_quant_head.weight_fake_quant", "out.weight_fake_quant"}
+
+
+@pytest.mark.parametrize("is_qat", [False, True], ids=["folded-at-prepare", "folding-module"])
+def test_weight_quantizers_observe_what_their_layers_quantize_without_a_pass_of_the_model(is_qat):
+    """calibrate's weight step reads each layer's quantized weight (the folded one where BatchNorm is folded): the
+    scales are the per-channel ranges computed here, and the first layer runs once (the activation pass) only."""
+    from mqbench.advanced_ptq import calibrate
+    from mqbench.backends import PTQRecipe
+    from mqbench.nn.intrinsic.qat.modules.bn_folding import BnFoldingModule
+    from mqbench.prepare_by_platform import prepare_by_platform
+
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU(), nn.Conv2d(8, 4, 1), nn.Flatten(), nn.Linear(144, 5)
+    )
+    norm = model[1]
+    with torch.no_grad():
+        norm.running_mean.uniform_(-1, 1)
+        norm.running_var.uniform_(0.2, 3.0)
+        norm.weight.uniform_(-2.0, 2.0)
+    model.eval()
+    factor = (norm.weight / torch.sqrt(norm.running_var + norm.eps)).detach()
+    folded = model[0].weight.detach() * factor.view(-1, 1, 1, 1)
+    expected = [folded, model[3].weight.detach().clone(), model[5].weight.detach().clone()]
+    qmodel = prepare_by_platform(model, "tensorrt", is_qat=is_qat).eval()
+    layers = [m for m in qmodel.modules() if hasattr(m, "weight_fake_quant")]
+    assert len(layers) == 3 and isinstance(layers[0], BnFoldingModule) == is_qat
+    runs = []
+    layers[0].register_forward_pre_hook(lambda *_: runs.append(1))
+    calibrate(qmodel, [torch.randn(4, 3, 8, 8)], recipe=PTQRecipe())
+    assert len(runs) == 1
+    for layer, weight in zip(layers, expected, strict=True):
+        quantizer = layer.weight_fake_quant
+        assert quantizer.symmetric and quantizer.is_per_channel
+        amax = weight.abs().flatten(1).amax(dim=1)
+        torch.testing.assert_close(
+            quantizer.scale.detach(), amax / ((quantizer.quant_max - quantizer.quant_min) / 2), rtol=1e-6, atol=0
+        )
+
+
+def test_observe_weights_observes_nothing_where_a_quantizer_is_no_layers():
+    net = Net()
+    state.enable_calibration_woquantization(net, "weight_fake_quant")
+    assert state.observe_weights(net) is False
+    assert not any(q.activation_post_process.calibrated for _, q in state.quantizers(net))

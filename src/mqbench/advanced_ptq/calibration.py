@@ -50,6 +50,7 @@ from mqbench.utils.role import role_of
 from mqbench.utils.state import (
     enable_calibration_woquantization,
     enable_quantization,
+    observe_weights,
     quantizers,
     reset_observers,
 )
@@ -185,7 +186,8 @@ def calibrate(
     """MQBench's calibration before reconstruction, with the backend's recipe; returns ``model`` in quantization mode.
 
     The activation quantizers observe every batch while nothing is quantized, then the weight
-    quantizers observe the weights (one batch runs them), then every quantizer quantizes. What the
+    quantizers observe the weights (read from their layers; one batch runs them where a layer cannot say
+    which tensor it quantizes), then every quantizer quantizes. What the
     observers saw before is forgotten: calibrating again replaces the ranges.
     ``recipe``: what to do around that (None: the recipe of the backend the model was prepared
     for, its spec's ``ptq_recipe``; ``PTQRecipe()``: plain calibration): the activation observer,
@@ -231,7 +233,8 @@ def calibrate(
         narrowed = narrow_weights_after_signed_inputs(model)
         logger.info("calibration: 7-bit weights in %d layer(s) reading a signed input (no VNNI)", len(narrowed))
     enable_calibration_woquantization(model, quantizer_type="weight_fake_quant")
-    call_with(model, batches[0])
+    if not observe_weights(model):  # a weight quantizer no layer reads out: it sees its tensor in a forward
+        call_with(model, batches[0])
     enable_quantization(model)
     if fast:
         fast_bias_correction(model, input_sums)

@@ -42,6 +42,7 @@ __all__ = [
     "enable_quantization",
     "integer_quantizers",
     "is_quantizer",
+    "observe_weights",
     "quantizers",
     "reset_observers",
     "sync_qparams",
@@ -165,6 +166,31 @@ def calibrate_weights(model: nn.Module, skip: Collection[Tensor] = ()) -> list[s
         quantizer.enable_observer(observer)
         done.append(f"{name}.weight_fake_quant")
     return done
+
+
+def observe_weights(model: nn.Module) -> bool:
+    """Every quantizer whose observer is on observes the weight it quantizes, read from its layer with no data
+    (``weight_to_quantize``: the QAT layers; the folded weight of one that folds BatchNorm). True when done;
+    False, having observed nothing, where one cannot be (it is not a layer's ``weight_fake_quant``, its layer
+    does not say what it quantizes, or the weight is not loaded yet): then a forward pass calibrates them."""
+    layers = {}
+    for module in model.modules():
+        quantizer = getattr(module, "weight_fake_quant", None)
+        if isinstance(quantizer, nn.Module) and callable(getattr(module, "weight_to_quantize", None)):
+            layers[id(quantizer)] = module
+    pending = []
+    for _, quantizer in quantizers(model):
+        if not bool(quantizer.observer_enabled[0]):
+            continue
+        layer = layers.get(id(quantizer))
+        weight = getattr(layer, "weight", None)
+        if layer is None or not isinstance(weight, Tensor) or weight.is_meta:
+            return False
+        pending.append((quantizer, layer))
+    with torch.no_grad():
+        for quantizer, layer in pending:
+            cast(nn.Module, quantizer)(layer.weight_to_quantize())
+    return True
 
 
 def _check_calibrated(model: nn.Module, args: Any, kwargs: dict[str, Any]) -> None:

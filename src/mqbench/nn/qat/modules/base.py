@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextvars
 import copy
 from collections.abc import Callable
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, TypeVar, cast
 
 import torch
 from torch import Tensor, nn
@@ -145,6 +145,12 @@ class QATModule(nn.Module):
             qat.qconfig = qconfig
         qat.train(mod.training)
         return qat
+
+    def weight_to_quantize(self) -> Tensor:
+        """The tensor ``weight_fake_quant`` quantizes on each forward, read without an input (its observer can see
+        it with no data; :func:`mqbench.utils.state.observe_weights`): the weight. A subclass whose forward
+        quantizes another tensor says which."""
+        return cast(Tensor, self.weight)
 
     def reset_parameters(self) -> None:
         """The float layer's initialisation, skipped while :meth:`from_float` builds the module."""

@@ -122,6 +122,10 @@ class BnFoldingModule(QATModule):
         weight = scale_output_channels(self.weight, factor, self._TRANSPOSED)
         return weight, fold_bn_bias(self._layer_bias(), running_mean, factor, beta)
 
+    def weight_to_quantize(self) -> Tensor:
+        """The folded weight (running statistics), which the forward quantizes in training and in eval."""
+        return self.folded_weight_and_bias()[0]
+
     def _per_channel(self, values: Tensor, like: Tensor) -> Tensor:
         shape = [1] * like.dim()
         shape[self._CHANNEL_AXIS] = -1
