@@ -173,7 +173,7 @@ def observe_weights(model: nn.Module) -> bool:
     (``weight_to_quantize``: the QAT layers; the folded weight of one that folds BatchNorm). True when done;
     False, having observed nothing, where one cannot be (it is not a layer's ``weight_fake_quant``, its layer
     does not say what it quantizes, or the weight is not loaded yet): then a forward pass calibrates them."""
-    layers = {}
+    layers: dict[int, Any] = {}
     for module in model.modules():
         quantizer = getattr(module, "weight_fake_quant", None)
         if isinstance(quantizer, nn.Module) and callable(getattr(module, "weight_to_quantize", None)):
