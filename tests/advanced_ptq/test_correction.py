@@ -96,12 +96,18 @@ def test_equalization_before_calibration_lowers_the_per_tensor_error():
     assert errors[1] < errors[0], errors
 
 
-SECONDS = {  # the second layer: pointwise ones are corrected from their input's sums, the others by a pass
+SECONDS = {  # the second layer: zero-padded ones are corrected from their input's per-tap sums, the others by a pass
     "1x1": lambda: nn.Conv2d(8, 5, 1),
     "1x1-grouped": lambda: nn.Conv2d(8, 6, 1, groups=2),
     "1x1-stride-2": lambda: nn.Conv2d(8, 5, 1, stride=2),
     "1x1-padded": lambda: nn.Conv2d(8, 5, 1, padding=1),
     "depthwise-3x3": lambda: nn.Conv2d(8, 8, 3, padding=1, groups=8),
+    "3x3-stride-2": lambda: nn.Conv2d(8, 5, 3, stride=2, padding=1),
+    "3x2-dilated-uneven-padding": lambda: nn.Conv2d(8, 5, (3, 2), padding=(2, 0), dilation=(2, 1)),
+    "5x5-stride-3": lambda: nn.Conv2d(8, 6, 5, stride=3, padding=2, groups=2),
+    "valid-padding": lambda: nn.Conv2d(8, 5, 3, padding="valid"),
+    "same-padding": lambda: nn.Conv2d(8, 5, 4, padding="same"),  # asymmetric: one pass of the layer
+    "reflect-padding": lambda: nn.Conv2d(8, 5, 3, padding=1, padding_mode="reflect"),  # one pass too
 }
 
 
@@ -126,12 +132,36 @@ def test_bias_correction_removes_each_layers_mean_error(second):
         for name, xs in inputs.items():
             conv = qmodel.get_submodule(name)
             x = torch.cat(xs)
-            args = (conv.stride, conv.padding, conv.dilation, conv.groups)
-            quantized = F.conv2d(x, conv.weight_fake_quant(conv.weight), conv.bias, *args)
-            full = F.conv2d(x, conv.weight, original[name], *args)
+            quantized = nn.Conv2d._conv_forward(conv, x, conv.weight_fake_quant(conv.weight), conv.bias)
+            full = nn.Conv2d._conv_forward(conv, x, conv.weight, original[name])
             mean_error = (quantized - full).mean(dim=(0, 2, 3))
             typical = float((quantized - full).abs().mean())
             assert float(mean_error.abs().max()) < 1e-5 * max(1.0, typical), name  # float32 sums of 2048 values
+
+
+@pytest.mark.parametrize("second", list(SECONDS))
+def test_tap_sums_are_what_each_kernel_tap_reads_over_every_output_position(second):
+    """Against PyTorch's convolution with a one-hot kernel per tap (depthwise), summed over the batch and positions;
+    None where the padding is not zeros on both sides."""
+    from mqbench.advanced_ptq.correction import _tap_sums
+
+    conv = SECONDS[second]()
+    x = torch.randn(3, 8, 9, 10, dtype=torch.float64)
+    found = _tap_sums(conv, x)
+    if second in ("same-padding", "reflect-padding"):
+        assert found is None
+        return
+    assert found is not None
+    sums, count = found
+    kh, kw = conv.kernel_size
+    assert sums.shape == (8, kh, kw)
+    for i in range(kh):
+        for j in range(kw):
+            one_hot = torch.zeros(8, 1, kh, kw, dtype=torch.float64)
+            one_hot[:, :, i, j] = 1.0
+            read = F.conv2d(x, one_hot, None, conv.stride, conv.padding, conv.dilation, groups=8)
+            torch.testing.assert_close(sums[:, i, j], read.sum(dim=(0, 2, 3)), rtol=1e-12, atol=1e-9)
+    assert count == read.shape[0] * read.shape[2] * read.shape[3]
 
 
 def test_bias_correction_of_linear_layers_on_token_inputs():

@@ -15,10 +15,10 @@ folded by then in post-training preparation); depthwise second layers are handle
 the mean per output channel of ``layer(x; quantized weight) - layer(x; float weight)`` over the
 calibration data (``x`` as the quantized model computes it, earlier corrections included) is
 subtracted from the layer's bias (one pass of the layer with the weight's error, ``layer(x; quantized weight -
-float weight)``, as the layer is linear in its weight; for a linear layer or a 1x1 convolution of stride 1, whose
-outputs summed over positions are the layer applied to its inputs summed so, the weight's error times the input's
-per-channel sum, with no pass). Run it after calibration, in quantization mode; it costs one forward pass per
-batch and a pass of each other convolution.
+float weight)``, as the layer is linear in its weight; summed over positions, that is the weight's error applied
+to the input's sums per channel and kernel tap, what each tap reads over every output position, zero padding
+included: no pass of the layer). Run it after calibration, in quantization mode; it costs one forward pass per
+batch.
 
 Example:
     >>> import torch
@@ -42,6 +42,8 @@ Example:
 
 from __future__ import annotations
 
+import itertools
+import math
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, cast
@@ -199,32 +201,52 @@ def _pre_activation(module: nn.Module, x: Tensor, weight: Tensor) -> Tensor:
     return cast(Tensor, module._conv_forward(x, weight, None))  # type: ignore[operator]
 
 
-def _pointwise(module: nn.Module) -> bool:
-    """Whether each output position of the layer reads one input position and every input position is read once
-    (linear layers; 1x1 convolutions of stride 1 without padding): its outputs summed over positions are then the
-    layer applied to its inputs summed over positions."""
-    if isinstance(module, nn.Linear):
-        return True
+def _tap_sums(module: nn.Module, x: Tensor) -> tuple[Tensor, int] | None:
+    """For a convolution on the batch ``x``: for each input channel and kernel tap, the input values that tap reads
+    summed over every output position (a padded position reads zero), ``[C_in, *kernel]`` in float64, and the
+    number of output values per channel. The layer's outputs summed over positions are its weight applied to
+    these (:func:`_on_tap_sums`), so a bias correction needs no pass of the layer. None where the padding is not
+    zeros on both sides (another mode, ``"same"``) or ``x`` has no batch axis."""
     conv = cast(nn.modules.conv._ConvNd, module)
-    padding = conv.padding
-    unpadded = padding in ("valid", "same") if isinstance(padding, str) else all(p == 0 for p in padding)
-    return all(k == 1 for k in conv.kernel_size) and all(s == 1 for s in conv.stride) and unpadded
+    spatial = len(conv.kernel_size)
+    given = conv.padding  # "valid": none; "same": as much as the kernel needs, more on one side if even
+    padding: tuple[int, ...] | None = given if not isinstance(given, str) else None
+    if given == "valid":
+        padding = (0,) * spatial
+    if conv.padding_mode != "zeros" or x.dim() != spatial + 2 or padding is None:
+        return None
+    sizes = [
+        (x.shape[2 + d] + 2 * padding[d] - conv.dilation[d] * (conv.kernel_size[d] - 1) - 1) // conv.stride[d] + 1
+        for d in range(spatial)
+    ]
+    # the batch summed in x's precision (a float64 reduction is an order of magnitude slower), the rest in float64
+    summed = F.pad(x.sum(dim=0).double(), [p for p in reversed(padding) for _ in range(2)])
+    positions = tuple(range(1, spatial + 1))
+    taps = []
+    for tap in itertools.product(*(range(k) for k in conv.kernel_size)):
+        starts = [conv.dilation[d] * tap[d] for d in range(spatial)]
+        window = tuple(
+            slice(starts[d], starts[d] + conv.stride[d] * (sizes[d] - 1) + 1, conv.stride[d]) for d in range(spatial)
+        )
+        taps.append(summed[(slice(None), *window)].sum(dim=positions))
+    return torch.stack(taps, dim=1).view(x.shape[1], *conv.kernel_size), x.shape[0] * math.prod(sizes)
 
 
-def _input_channel(module: nn.Module, x: Tensor) -> int:
-    return x.dim() - 1 if isinstance(module, nn.Linear) else 1
+def _on_tap_sums(module: nn.Module, weight: Tensor, sums: Tensor) -> Tensor:
+    """``weight`` of a convolution applied to one value per input channel and kernel tap (``[C_in, *kernel]``): one
+    value per output channel."""
+    groups = int(getattr(module, "groups", 1))
+    per_group = weight.reshape(groups, weight.shape[0] // groups, -1)  # [g, out / g, (in / g) * taps]
+    return torch.einsum("gok,gk->go", per_group, sums.to(weight.dtype).reshape(groups, -1)).reshape(-1)
 
 
 def _on_channel_vector(module: nn.Module, weight: Tensor, vector: Tensor) -> Tensor:
     """``weight`` of ``module`` applied to one value per input channel, ``vector``, each kernel tap reading its
     channel's value: one value per output channel."""
-    vector = vector.to(weight.dtype)
     if isinstance(module, nn.Linear):
-        return weight @ vector
-    groups = int(getattr(module, "groups", 1))
-    summed = weight.flatten(2).sum(dim=2)  # [out, in / groups]
-    per_group = vector.view(groups, -1)
-    return (summed.view(groups, -1, summed.shape[1]) * per_group.unsqueeze(1)).sum(dim=2).reshape(-1)
+        return weight @ vector.to(weight.dtype)
+    taps = weight.shape[2:]
+    return _on_tap_sums(module, weight, vector.reshape(-1, *[1] * len(taps)).expand(-1, *taps))
 
 
 def _joined(batches: list[Any]) -> list[Any]:
@@ -284,10 +306,10 @@ def recording_input_means(model: fx.GraphModule, layers: Sequence[str] | None = 
     def recorder(target: str, module: nn.Module) -> Any:
         def hook(_: nn.Module, args: tuple[Any, ...]) -> None:
             x = args[0].detach()
-            channel = _input_channel(module, x)
+            channel = x.dim() - 1 if isinstance(module, nn.Linear) else 1
             dims = [d for d in range(x.dim()) if d != channel]
             entry = sums.setdefault(target, [torch.zeros(x.shape[channel], dtype=torch.float64, device=x.device), 0])
-            entry[0] += x.sum(dim=dims, dtype=torch.float64)
+            entry[0] += x.sum(dim=dims)  # in x's precision: a float64 reduction is an order of magnitude slower
             entry[1] += x.numel() // x.shape[channel]
 
         return hook
@@ -341,9 +363,9 @@ def bias_correction(model: fx.GraphModule, cali_data: Any, layers: Sequence[str]
 
     One forward pass of the quantized model: just before a layer runs, the error its quantized
     weight makes on the input it receives is measured and its bias corrected, so later layers see
-    the earlier corrections (the layer-by-layer algorithm; the error of a linear layer or 1x1 convolution is
-    its weight's error on its input's per-channel sum, that of another convolution one pass of it with the
-    weight's error). Batches of tensors that differ only in batch size are joined into one pass; other
+    the earlier corrections (the layer-by-layer algorithm; a layer's error summed over positions is its weight's
+    error applied to its input's sums, per channel and, for a convolution, per kernel tap: no pass of the layer).
+    Batches of tensors that differ only in batch size are joined into one pass; other
     batches run one after another, each layer's correction then the running mean so far (later
     layers' inputs carry the corrections of the batches before).
     """
@@ -353,19 +375,21 @@ def bias_correction(model: fx.GraphModule, cali_data: Any, layers: Sequence[str]
     handles = []
 
     def corrector(target: str, module: nn.Module, quantizer: QuantizeBase) -> Any:
-        pointwise = _pointwise(module)
-
         def hook(_: nn.Module, args: tuple[Any, ...]) -> None:
             x = args[0]
             weight = _weight(module)
-            # the layer is linear in its weight: the error of the quantized weight is one pass of the difference
-            if pointwise:  # ... and the sum of its outputs that pass applied to the input's sum (no pass at all)
-                channel = _input_channel(module, x)
-                dims = [d for d in range(x.dim()) if d != channel]
-                summed = _on_channel_vector(module, quantizer(weight) - weight, x.sum(dim=dims, dtype=torch.float64))
-                count = x.numel() // x.shape[channel]
+            # the layer is linear in its weight: its error is the layer with the weight's error, and that summed
+            # over positions is the weight's error applied to the input's sums (per tap); a pass where not modelled
+            error_weight = quantizer(weight) - weight
+            taps = None if isinstance(module, nn.Linear) else _tap_sums(module, x)
+            if isinstance(module, nn.Linear):
+                rows = x.reshape(-1, x.shape[-1])
+                summed = _on_channel_vector(module, error_weight, rows.sum(dim=0))
+                count = len(rows)
+            elif taps is not None:
+                summed, count = _on_tap_sums(module, error_weight, taps[0]), taps[1]
             else:
-                summed, count = _channel_sums(module, _pre_activation(module, x, quantizer(weight) - weight))
+                summed, count = _channel_sums(module, _pre_activation(module, x, error_weight))
             if target not in state:
                 bias = _bias(module)
                 if bias is None:
