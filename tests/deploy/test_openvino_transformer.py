@@ -9,6 +9,7 @@ NNCF is benchmarks/peers/run.py's.
 
 from __future__ import annotations
 
+import dataclasses
 import operator
 
 import pytest
@@ -18,7 +19,7 @@ from torch import fx, nn
 from backend_configs import host_config
 from mqbench.advanced_ptq import calibrate
 from mqbench.advanced_ptq.calibration import recipe_of
-from mqbench.backends import ParamsTable, PTQRecipe
+from mqbench.backends import ParamsTable, PTQRecipe, register_backend
 from mqbench.convert_deploy import convert_deploy
 from mqbench.deploy.verify import verify_deploy
 from mqbench.fake_quantize.quantize_base import QuantizeBase
@@ -35,6 +36,22 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         scores = self.q(x) @ self.k(x).transpose(-2, -1) * D**-0.5
         return self.out(torch.softmax(scores, dim=-1) @ self.v(x))
+
+
+class HeadsAttention(nn.Module):
+    """Attention over 2 heads: queries, keys and values reshaped and transposed into heads, as BERT's are."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.q, self.k, self.v, self.out = (nn.Linear(D, D) for _ in range(4))
+
+    def heads(self, x: torch.Tensor) -> torch.Tensor:
+        return x.reshape(x.shape[0], x.shape[1], 2, D // 2).transpose(1, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.heads(self.q(x)), self.heads(self.k(x)), self.heads(self.v(x))
+        weights = torch.softmax(q @ k.transpose(-2, -1) * (D // 2) ** -0.5, dim=-1)
+        return self.out((weights @ v).transpose(1, 2).reshape(x.shape[0], x.shape[1], D))
 
 
 class Mlp(nn.Module):
@@ -73,6 +90,14 @@ class PostNorm(Block):
         return self.norm2(x + self.mlp(x))
 
 
+class HeadsBlock(PostNorm):
+    """A BERT block with its attention over heads."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.attention = HeadsAttention()
+
+
 class Residual(nn.Module):
     """A CNN's residual block: conv -> ReLU -> conv, plus the input."""
 
@@ -97,13 +122,22 @@ def prepared(block: type[nn.Module], config: dict | None = None) -> fx.GraphModu
     return prepare_by_platform(block().eval(), "openvino", config)
 
 
-def quantized_inputs(model: fx.GraphModule, node: fx.Node) -> list[bool]:
-    """For each tensor input of ``node``: whether an activation quantizer computes it."""
+MOVING = {"transpose", "reshape", "view", "permute"}
+
+
+def quantizer_of(model: fx.GraphModule, value: fx.Node) -> fx.Node | None:
+    """The activation quantizer that computes ``value``, directly or through transposes and reshapes alone."""
     modules = dict(model.named_modules())
-    return [
-        value.op == "call_module" and isinstance(modules.get(str(value.target)), QuantizeBase)
-        for value in node.all_input_nodes
-    ]
+    while (value.target if value.op == "call_method" else getattr(value.target, "__name__", "")) in MOVING:
+        value = value.args[0]
+    quantizing = value.op == "call_module" and isinstance(modules.get(str(value.target)), QuantizeBase)
+    return value if quantizing else None
+
+
+def quantized_inputs(model: fx.GraphModule, node: fx.Node) -> list[bool]:
+    """For each tensor input of ``node``: whether an activation quantizer computes it (a transpose of its output
+    too: the keys of ``q @ k.transpose(-2, -1)``)."""
+    return [quantizer_of(model, value) is not None for value in node.all_input_nodes]
 
 
 def ops(model: fx.GraphModule, *targets: object) -> list[fx.Node]:
@@ -178,3 +212,57 @@ def test_the_file_serves_the_simulation(tmp_path, block):
     assert report.passed, report.failures()
     host = report.artifacts["openvino_onnx"].host
     assert host is not None and host.max_lsb_diff <= 1, host.diverging(1)
+
+
+def scores_of(model: fx.GraphModule) -> fx.Node:
+    """The matmul of queries and keys (both inputs quantized)."""
+    return next(n for n in ops(model, operator.matmul, torch.matmul) if quantized_inputs(model, n) == [True, True])
+
+
+def test_the_scores_inputs_are_quantized_at_the_query_and_key_layers():
+    """The queries' and keys' quantizers read the q and k layers' outputs, and the heads' reshapes and transposes
+    read the quantized values: OpenVINO's CPU plugin folds such a FakeQuantize into the FullyConnected before it
+    (one after the reshape runs on its own). On a per-tensor grid the values are those of quantizing the scores'
+    inputs themselves: the simulation is the same to the bit as with the quantizers there."""
+    model = prepared(HeadsBlock)
+    scores = scores_of(model)
+    for value, layer in zip(scores.all_input_nodes, ("q", "k"), strict=True):
+        quantizer = quantizer_of(model, value)
+        assert quantizer is not None and quantizer is not value, value.format_node()
+        (source,) = quantizer.all_input_nodes
+        assert source.op == "call_module" and str(source.target).endswith(f"attention.{layer}"), source.format_node()
+    spec = ParamsTable["openvino"]
+    at_matmul = dataclasses.replace(
+        spec, name="openvino_at_matmul", placement=dataclasses.replace(spec.placement, matmul_inputs_at_layers=False)
+    )
+    register_backend("openvino_at_matmul", at_matmul)
+    try:
+        torch.manual_seed(0)
+        other = prepare_by_platform(HeadsBlock().eval(), "openvino_at_matmul")
+        scores = scores_of(other)
+        assert all(value.op == "call_module" for value in scores.all_input_nodes)  # quantized at the matmul
+        for qmodel in (model, other):
+            calibrate(qmodel, tokens(1))
+        x = tokens(2, batches=1)[0]
+        with torch.no_grad():
+            assert torch.equal(model(x), other(x))
+    finally:
+        ParamsTable.unregister("openvino_at_matmul")
+
+
+def test_the_file_runs_no_fake_quantize_of_its_own(tmp_path):
+    """Deployed with dynamic batch and token axes (as a text encoder is served), the heads' quantizers are folded
+    into the layers: the compiled model has no FakeQuantize left (with them after the heads' reshapes, 2 run on
+    their own in float)."""
+    ov = pytest.importorskip("openvino")
+    model = prepared(HeadsBlock, host_config("openvino"))
+    calibrate(model, tokens(1))
+    dynamic = {"x": {0: "batch", 1: "tokens"}}
+    result = convert_deploy(
+        model, "openvino", {"x": [2, 5, D]}, output_path=tmp_path, model_name="m", dynamic_axes=dynamic
+    )
+    report = verify_deploy(model, result, tokens(2, batches=1)[0])
+    assert report.passed, report.failures()
+    compiled = ov.Core().compile_model(result.artifacts["openvino_onnx"], "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+    kinds = [op.get_rt_info()["layerType"].astype(str) for op in compiled.get_runtime_model().get_ops()]
+    assert "FullyConnected" in kinds and "FakeQuantize" not in kinds, sorted(set(kinds))

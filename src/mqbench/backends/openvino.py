@@ -34,6 +34,7 @@ SPEC = BackendSpec(
         per_channel_depthwise_inputs=True,
         float_residual_adds=True,
         float_attention_values=True,
+        matmul_inputs_at_layers=True,
     ),
     description="Intel OpenVINO, int8 with unsigned activations after ReLU",
     deploy=("openvino_onnx",),

@@ -148,6 +148,10 @@ class Placement:
             CNN's) are quantized as ``inputs_of`` says.
         float_attention_values: a matmul reading a softmax's output (attention weights times values) keeps float
             inputs; the scores' matmul (queries times keys) is quantized as ``inputs_of`` says.
+        matmul_inputs_at_layers: a matmul's input that a linear or convolution layer produces through data
+            movement alone (the heads' reshapes and transposes, each read by nothing else) is quantized at the
+            layer's output: the same values on a per-tensor grid, and a runtime that folds a quantizer into the
+            layer producing its input (OpenVINO's CPU plugin) does so; after the reshape it runs on its own.
     """
 
     inputs_of: AbstractSet[str] = frozenset()
@@ -163,6 +167,7 @@ class Placement:
     per_channel_depthwise_inputs: bool = False
     float_residual_adds: bool = False
     float_attention_values: bool = False
+    matmul_inputs_at_layers: bool = False
 
     def __post_init__(self) -> None:
         for name in ("inputs_of", "outputs_of", "passthrough", "shared_inputs_of", "unsigned_after"):
@@ -189,6 +194,7 @@ class Placement:
             "per_channel_depthwise_inputs": "per-channel inputs of depthwise convolutions",
             "float_residual_adds": "residual adds of normalised streams in float",
             "float_attention_values": "attention weights x values in float",
+            "matmul_inputs_at_layers": "matmul inputs quantized at the layers producing them",
         }
         parts += [text for attr, text in flags.items() if getattr(self, attr)]
         if self.shared_inputs_of:

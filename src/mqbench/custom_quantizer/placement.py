@@ -385,8 +385,11 @@ def plan_activation_quantizers(
                 inputs = []
             if kind == "matmul" and placement.float_attention_values and _weighs_by_softmax(node, kinds, modules):
                 inputs = []
-            for value in inputs:
-                site = mark(value, node)
+            places = [(value, node) for value in inputs]  # (the value quantized, who reads the quantized value)
+            if kind == "matmul" and placement.matmul_inputs_at_layers:
+                places = [_at_layer_output(value, node, kinds, modules) for value in inputs]
+            for value, reader in places:
+                site = mark(value, reader)
                 if site is not None and node in edges:
                     site.eight_bit = True
         if kind in placement.shared_inputs_of or rules.share_inputs(node):
@@ -445,9 +448,29 @@ def _moved_from(node: fx.Node, modules: Mapping[str, nn.Module]) -> fx.Node | No
         return typing.cast(fx.Node, node.args[0])
     if node.op not in ("call_method", "call_function"):
         return None
-    name = node.target if node.op == "call_method" else getattr(node.target, "__name__", None)
+    # a torch.export graph's aten overloads (``aten.transpose.int``) by their op's name
+    target = node.target
+    name = target if node.op == "call_method" else getattr(target, "_opname", getattr(target, "__name__", None))
     source = node.args[0] if node.args else None
     return source if name in _DATA_MOVEMENT and isinstance(source, fx.Node) else None
+
+
+def _at_layer_output(
+    value: fx.Node, reader: fx.Node, kinds: Mapping[fx.Node, str | None], modules: Mapping[str, nn.Module]
+) -> tuple[fx.Node, fx.Node]:
+    """Where ``reader``'s input ``value`` is quantized under ``Placement.matmul_inputs_at_layers``, as (the value
+    quantized, who reads it): a linear or convolution layer's output and the data movement reading it, where that
+    output reaches ``value`` through data movement alone, each step read only by the next; else ``value`` and
+    ``reader``."""
+    step, after = value, reader
+    while _single_user(step) is after:
+        source = _moved_from(step, modules)
+        if source is None:
+            break
+        step, after = source, step
+    if step is value or kinds.get(step) not in ("linear", "conv") or _single_user(step) is not after:
+        return value, reader
+    return step, after
 
 
 def _mark_product_operands(
