@@ -381,12 +381,11 @@ def bias_correction(model: fx.GraphModule, cali_data: Any, layers: Sequence[str]
             # the layer is linear in its weight: its error is the layer with the weight's error, and that summed
             # over positions is the weight's error applied to the input's sums (per tap); a pass where not modelled
             error_weight = quantizer(weight) - weight
-            taps = None if isinstance(module, nn.Linear) else _tap_sums(module, x)
             if isinstance(module, nn.Linear):
                 rows = x.reshape(-1, x.shape[-1])
                 summed = _on_channel_vector(module, error_weight, rows.sum(dim=0))
                 count = len(rows)
-            elif taps is not None:
+            elif (taps := _tap_sums(module, x)) is not None:
                 summed, count = _on_tap_sums(module, error_weight, taps[0]), taps[1]
             else:
                 summed, count = _channel_sums(module, _pre_activation(module, x, error_weight))

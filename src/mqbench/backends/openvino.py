@@ -9,9 +9,9 @@ __all__ = ["SPEC"]
 # OpenVINO's own post-training defaults where they help (measured against NNCF on ImageNet MobileNetV2 in
 # benchmarks/peers/run.py): each activation's range is the mean over the calibration samples of each sample's
 # min / max, then bias correction from each layer's float input means, recorded in the calibration pass (NNCF's fast
-# bias correction: on an AVX-512 host half the time of a pass through the quantized model, 5.3 -> 2.7 s, for two
-# crops of 256 on MobileNetV2 and six of 450 gained on ResNet-50); on CPUs without VNNI the layers reading a signed
-# input get 7-bit weights.
+# bias correction: on an AVX-512 host half the time of a pass through the quantized model, 5.3 -> 2.7 s when
+# measured, before that pass stopped running each layer twice; two crops of 256 on MobileNetV2 and six of 450
+# gained on ResNet-50); on CPUs without VNNI the layers reading a signed input get 7-bit weights.
 RECIPE = PTQRecipe(
     activation_observer="MeanMinMaxObserver",
     bias_correction=True,

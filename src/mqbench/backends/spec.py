@@ -214,7 +214,7 @@ class PTQRecipe:
             backend's default one (an ``a_observer`` the user chose is kept); None: the default stays. The
             running min/max suits training; after one calibration pass a clipping observer loses less.
         equalize: cross-layer equalization of the weights before calibrating (per-tensor weight grids).
-        bias_correction: empirical bias correction after calibrating (costs a forward pass per layer).
+        bias_correction: empirical bias correction after calibrating (one forward pass of the quantized model).
         fast_bias_correction: with ``bias_correction``, each layer's correction from the mean of its float input,
             recorded during the calibration pass (``mqbench.advanced_ptq.fast_bias_correction``): no further pass.
         guard_pair_saturation: on a host whose int8 CPU kernels sum two u8 x s8 products in a saturating
