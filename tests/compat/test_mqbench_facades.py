@@ -54,7 +54,7 @@ def test_get_qconfig_by_platform_builds_the_backends_quantizers_with_the_overrid
     qconfig = get_qconfig_by_platform(BackendType.Tensorrt, {"w_qscheme": {"bit": 4}, "a_observer": "MSEObserver"})
     weight, activation = qconfig.weight(), qconfig.activation()
     assert (weight.quant_min, weight.quant_max, weight.ch_axis) == (-7, 7, 0)  # TensorRT: symmetric range
-    assert (activation.quant_min, activation.quant_max) == (-127, 127)
+    assert (activation.quant_min, activation.quant_max) == (-128, 127)  # explicit quantization's int8 grid
     assert type(activation.activation_post_process).__name__ == "MSEObserver"
 
 

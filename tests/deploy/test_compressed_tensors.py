@@ -260,7 +260,7 @@ def test_a_folder_transformers_cannot_load_is_a_failed_verdict_saying_why(tmp_pa
 
 
 # -- layers that quantize their inputs too: int-quantized (W8A8) and float-quantized (FP8) --------------------------
-FULL_INT8 = {"extra_qconfig_dict": {"a_qscheme": {"symmetric_range": False}}}  # the runtime's [-128, 127] inputs
+NARROW = {"extra_qconfig_dict": {"a_qscheme": {"symmetric_range": True}}}  # implicit int8's [-127, 127] inputs
 
 
 def _layer_inputs(qmodel: nn.Module, layer: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -283,7 +283,7 @@ def _layer_inputs(qmodel: nn.Module, layer: str) -> tuple[torch.Tensor, torch.Te
 
 @pytest.mark.parametrize(
     ("backend", "config", "fmt"),
-    [("tensorrt_nlp", FULL_INT8, "int-quantized"), ("tensorrt_fp8", {}, "float-quantized")],
+    [("tensorrt_nlp", {}, "int-quantized"), ("tensorrt_fp8", {}, "float-quantized")],
 )
 def test_a_w8a8_folder_holds_the_weights_and_input_scales_and_transformers_computes_the_simulation(
     tmp_path, backend, config, fmt
@@ -319,7 +319,7 @@ def test_a_w8a8_folder_holds_the_weights_and_input_scales_and_transformers_compu
 
 def test_tensorrt_inputs_on_the_narrow_grid_are_refused_naming_the_setting_that_holds(tmp_path):
     heard: list[str] = []
-    _, result = _deployed(tmp_path, "tensorrt_nlp", None, heard)  # TensorRT's [-127, 127]
+    _, result = _deployed(tmp_path, "tensorrt_nlp", None, heard, **NARROW)
     (said,) = [line for line in heard if line.startswith("compressed_tensors")]
     assert "inputs on the grid [-127, 127]" in said and "'symmetric_range': False" in said and "and 5 more" in said
     assert "compressed_tensors" not in result.artifacts and "calib_cache" in result.artifacts
@@ -348,7 +348,7 @@ def _smoothed(quantizers: list[str]) -> Callable[[nn.Module], None]:
 def test_input_scales_after_a_norm_are_folded_into_its_gain_and_others_refused(tmp_path):
     norms = ["model_layers_0_input_layernorm", "model_layers_1_post_attention_layernorm"]
     folded = _smoothed([f"{n}_post_act_fake_quantizer" for n in norms])
-    qmodel, result = _deployed(tmp_path / "a", "tensorrt_nlp", None, before=folded, **FULL_INT8)
+    qmodel, result = _deployed(tmp_path / "a", "tensorrt_nlp", None, before=folded)
     tensors = safetensors_torch.load_file(str(Path(result.artifacts["compressed_tensors"]) / "model.safetensors"))
     scale = qmodel.get_submodule("model_layers_0_input_layernorm_post_act_fake_quantizer_smoothing").scale
     gain = qmodel.get_submodule("model.layers.0.input_layernorm").weight.detach()
@@ -357,7 +357,7 @@ def test_input_scales_after_a_norm_are_folded_into_its_gain_and_others_refused(t
     assert report.passed, report.failures()
     heard: list[str] = []
     unfoldable = _smoothed(["reshape_6_post_act_fake_quantizer"])  # the output projection's input
-    _, result = _deployed(tmp_path / "b", "tensorrt_nlp", None, heard, before=unfoldable, **FULL_INT8)
+    _, result = _deployed(tmp_path / "b", "tensorrt_nlp", None, heard, before=unfoldable)
     (said,) = [line for line in heard if line.startswith("compressed_tensors")]
     assert "reshape_6_post_act_fake_quantizer_smoothing" in said and "smooth=False" in said
     assert "compressed_tensors" not in result.artifacts
@@ -386,7 +386,7 @@ def test_smoothquant_after_norms_only_is_written_and_computes_the_simulation(tmp
         assert not [n for n, _ in qmodel.named_modules() if n.endswith("_smoothing")]  # no scale node: in the gains
         gains.update({n: p.detach() for n, p in qmodel.named_parameters() if n in before and not p.equal(before[n])})
 
-    qmodel, result = _deployed(tmp_path, "tensorrt_nlp", None, before=smoothed, **FULL_INT8)
+    qmodel, result = _deployed(tmp_path, "tensorrt_nlp", None, before=smoothed)
     assert gains  # norms' gains changed, the architecture not
     tensors = safetensors_torch.load_file(str(Path(result.artifacts["compressed_tensors"]) / "model.safetensors"))
     assert all(torch.equal(tensors[name], gain) for name, gain in gains.items())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -87,6 +88,7 @@ def test_deploy_and_verify(name, backend, tmp_path):
     result = convert_deploy(qmodel, backend, {"x": list(x.shape)}, output_path=tmp_path, model_name=name)
     # Every tensor the simulation quantizes has an entry (the count of quantizer calls is independent).
     assert len(result.table) == quantized_calls(qmodel, x)
+    moved: dict[str, set[str]] = {}  # per artifact, the tensors whose scale its format gives back one float32 ulp off
     for key in result.artifacts:
         if key in READERS:
             import onnx
@@ -96,6 +98,11 @@ def test_deploy_and_verify(name, backend, tmp_path):
             )
             expected = set(result.table.activations()) if key == "calib_cache" else set(result.table)
             assert expected <= set(read), (key, sorted(expected - set(read))[:5])
+            moved[key] = {t for t in expected if not np.array_equal(read[t].scale, result.table[t].scale)}
+            for tensor in moved[key]:  # TensorRT's amax / 127 cannot give every float32 scale back (test_writers)
+                bits = [np.asarray(e.scale, np.float32).view(np.int32) for e in (read[tensor], result.table[tensor])]
+                ulps = np.abs(bits[0] - bits[1])
+                assert key == "clip_ranges" and int(ulps.max()) == 1, (key, tensor)
     # This host's runtimes, where a CPU serves the deployment (elsewhere the host verdict is informational,
     # and the artifact's arithmetic is what the hardware toolchain consumes).
     served = resolve_backend(backend).served_on_cpu or any(key in CPU_ARTIFACTS for key in result.artifacts)
@@ -106,8 +113,14 @@ def test_deploy_and_verify(name, backend, tmp_path):
         assert art.per_tensor, key
         assert art.max_lsb_diff <= tolerance, (key, art.first_divergence, art.max_lsb_diff)
         if art.runtime.startswith(("onnxruntime", "integer reference")):
-            # The Q/DQ arithmetic on onnxruntime: bit-exact but for rounding ties decided differently.
-            assert art.tensor_exact_fraction >= 0.99, (key, art.tensor_exact_fraction)
+            # The Q/DQ arithmetic on onnxruntime: bit-exact but for rounding ties decided differently; a tensor whose
+            # scale the file moved by one ulp has the same integers, its values a float32 ulp away.
+            exact = {t: d for t, d in art.per_tensor.items() if t not in moved.get(key, ())}
+            fraction = sum(d.exact_fraction * d.numel for d in exact.values()) / sum(d.numel for d in exact.values())
+            assert fraction >= 0.99, (key, fraction)
+            for tensor in moved.get(key, ()):
+                diff = art.per_tensor[tensor]
+                assert diff.max_lsb_diff == 0 and diff.max_abs_diff <= 2.0**-22 * diff.magnitude, (key, tensor, diff)
     _check_host_verdicts(report, tolerance)
 
 

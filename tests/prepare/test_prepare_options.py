@@ -92,11 +92,13 @@ def test_fused_attention_on_a_matmul_quantizing_backend_is_named_in_a_warning():
     import pytest
 
     model = _FusedAttention().eval()
-    with pytest.warns(UserWarning, match=r"scaled_dot_product_attention \(1 call\(s\).*attn_implementation=\"eager\""):
-        prepare_by_platform(model, "tensorrt_nlp")
-    with warnings.catch_warnings():  # TensorRT's CNN placement quantizes no matmul input: nothing to say
+    named = r"scaled_dot_product_attention \(1 call\(s\).*attn_implementation=\"eager\""
+    for backend in ("tensorrt_nlp", "tensorrt"):
+        with pytest.warns(UserWarning, match=named):
+            prepare_by_platform(model, backend)
+    with warnings.catch_warnings():  # NNIE's placement quantizes no matmul input: nothing to say
         warnings.simplefilter("error")
-        prepare_by_platform(model, "tensorrt")
+        prepare_by_platform(model, "nnie")
 
 
 class _Crnn(nn.Module):

@@ -137,7 +137,7 @@ def test_a_partial_activation_scheme_changes_only_the_keys_it_names():
     model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU()).eval()
     qmodel = prepare_by_platform(model, "tensorrt", {"extra_qconfig_dict": {"a_qscheme": {"bit": 6}}})
     activation = next(m for n, m in qmodel.named_modules() if n.endswith("post_act_fake_quantizer"))
-    assert (activation.quant_min, activation.quant_max, activation.qscheme) == (-31, 31, torch.per_tensor_symmetric)
+    assert (activation.quant_min, activation.quant_max, activation.qscheme) == (-32, 31, torch.per_tensor_symmetric)
 
 
 # -- 5. calls with side effects survive dead-code elimination ---------------------------------------

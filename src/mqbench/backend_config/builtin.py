@@ -352,7 +352,7 @@ def get_qconfig_mapping(
         >>> from mqbench.backend_config import get_qconfig_mapping
         >>> qconfig = get_qconfig_mapping("tensorrt").global_qconfig
         >>> qconfig.weight.kwargs["quant_min"], qconfig.activation.kwargs["quant_min"]
-        (-127, -127)
+        (-127, -128)
     """
     pair = resolve_qconfig(resolve_backend(backend), extra_qconfig_dict)
     qconfig = QConfig(activation=_with_dtype(pair.activation), weight=_with_dtype(pair.weight))

@@ -9,8 +9,8 @@ outliers of linear inputs into the weights (``smooth_linear_inputs``). MQBench's
 "matmul", "add"}, add_needs_activations=True))``.
 
 A Hugging Face model whose quantized inputs are all linear layers' (attention by ``scaled_dot_product_attention``)
-also gets the ``int-quantized`` compressed-tensors folder vLLM serves, when prepared with the runtime's full int8
-grid for inputs (``extra_qconfig_dict: {"a_qscheme": {"symmetric_range": False}}``).
+also gets the ``int-quantized`` compressed-tensors folder vLLM serves: its inputs are on the runtime's full int8
+grid, as TensorRT's explicit quantization computes them.
 """
 
 from dataclasses import replace

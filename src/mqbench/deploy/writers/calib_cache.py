@@ -5,7 +5,7 @@ header line naming the TensorRT version and calibrator (``TRT-8600-EntropyCalibr
 one line per activation tensor, ``tensor: <hex>``, where ``<hex>`` is the big-endian IEEE
 float32 bit pattern of the tensor's scale in 8 lowercase hex digits. TensorRT's scale is
 ``amax / 127`` on the symmetric grid [-127, 127]; the table's activation scale is written as it
-is, so its bits are kept exactly.
+is, so its bits are kept exactly (on the explicit grid [-128, 127], the -128 level is -127 in implicit int8).
 
 Weights are not in the file: the format has no place for them (TensorRT computes weight scales
 itself from the weights, or takes them from Q/DQ nodes or the clip ranges). Only symmetric,
@@ -27,7 +27,7 @@ Example:
     ...     table = read(path, ParamsTable["tensorrt"], onnx.ModelProto())
     >>> entry = table["x"]
     >>> float(entry.scale[0]), entry.quant_min, entry.quant_max, entry.kind
-    (0.5, -127, 127, 'activation')
+    (0.5, -128, 127, 'activation')
 """
 
 from __future__ import annotations

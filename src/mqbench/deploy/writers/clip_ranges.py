@@ -6,17 +6,18 @@ Layout::
      "qparams": {tensor: {"kind", "scale", "zero_point", "quant_min", "quant_max", "bits", "axis",
                           "min", "max", "grid", ...}}}
 
-``amax`` is ``max(|min|, |max|)`` of the tensor's float range (TensorRT's
-``ITensor::setDynamicRange(-amax, amax)``); a per-channel weight has one ``amax`` per output
-channel. ``qparams`` holds every entry of the parameter table in full
+``amax`` is TensorRT's ``ITensor::setDynamicRange(-amax, amax)``, which it maps onto [-127, 127]:
+``max(|min|, |max|)`` of the tensor's float range, and on int8's full grid [-128, 127] (symmetric, zero point 0)
+the top level's value ``127 * scale``, so that TensorRT derives the same scale (the -128 level is -127 there); a
+per-channel weight has one ``amax`` per output channel. ``qparams`` holds every entry of the parameter table in full
 (:meth:`~mqbench.qparams.TensorQParams.to_dict`, without the consumers), for tools and
 for the Academic backends, whose quantizers need not be symmetric.
 
 Reading back (:func:`read`):
 
 * backends with default schemes (TensorRT): from ``blob_range`` alone, as TensorRT does it:
-  symmetric, zero point 0, ``scale = float32(amax / max(-quant_min, quant_max))`` with the range
-  of the backend's weight scheme for initializers of the float model, of its activation scheme
+  symmetric, zero point 0, ``scale = float32(amax / max(-quant_min, quant_max))`` (127 steps on [-128, 127])
+  with the range of the backend's weight scheme for initializers of the float model, of its activation scheme
   otherwise (for 7-bit weights in [-64, 63], amax is 64 steps). Per-channel lists are along axis 0
   (axis 1 for a ConvTranspose weight). Lossy: the file stores amax in float32, so the scale read
   back is within one float32 ulp of the original (about 0.8% of 8-bit scales move by one ulp).
@@ -66,7 +67,7 @@ SUFFIX = "_clip_ranges.json"
 
 
 def amax(entry: TensorQParams) -> float | list[float]:
-    """``max(|min|, |max|)`` of the entry's float range (``data_max`` for the log grid); a list per channel."""
+    """TensorRT's dynamic range of the entry (module docstring; ``data_max`` for the log grid); a list per channel."""
     return as_values(grid_of(entry.grid).amax(entry), entry.per_channel)
 
 
@@ -101,7 +102,9 @@ def read(path: str | Path, spec: BackendSpec, float_model: onnx.ModelProto) -> Q
         kind = model.kind(tensor)
         scheme = scheme_for(spec, kind, path)
         bounds = np.atleast_1d(np.asarray(bound, np.float32)).astype(np.float64)
-        scale = (bounds / max(-scheme.quant_min, scheme.quant_max)).astype(np.float32)  # amax = max(|min|, |max|)
+        # amax = max(|min|, |max|), on int8's full grid the top level's value (127 steps, as TensorRT reads it)
+        steps = 127 if scheme.quant_range == (-128, 127) else max(-scheme.quant_min, scheme.quant_max)
+        scale = (bounds / steps).astype(np.float32)
         axis = model.channel_axis(tensor, len(bounds), path) if isinstance(bound, list) else None
         entries[tensor] = make_entry(
             tensor,
