@@ -85,4 +85,68 @@ def test_tensorrts_int8_grid_needs_no_clip_and_onnxruntime_fuses_the_layer(tmp_p
     options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
     ort.InferenceSession(result.artifacts["onnx"], options, providers=["CPUExecutionProvider"])
     optimized = [node.op_type for node in onnx.load(options.optimized_model_filepath).graph.node]
-    assert optimized.count("QLinearConv") == 1, optimized  # the first layer; the second's output is the network's
+    # the first layer; the second's output is the network's (the same graph on every x86 CPU, as below)
+    assert optimized.count("QLinearConv") == 1, optimized
+
+
+class _Attention(nn.Module):
+    """One head of self-attention over 16 tokens, products by torch.matmul."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.q, self.k, self.v, self.out = (nn.Linear(32, 32) for _ in range(4))
+
+    def forward(self, x):
+        scores = torch.matmul(self.q(x), self.k(x).transpose(-1, -2)) * 32**-0.5
+        return self.out(torch.matmul(scores.softmax(-1), self.v(x)))
+
+
+def test_tensorrt_quantizes_attentions_products_and_onnxruntime_runs_them_in_int8(tmp_path):
+    """Both inputs of both products are int8 in TensorRT's file, as TensorRT runs them; onnxruntime then runs the
+    projections and the products on int8 kernels, and the file computes the simulation."""
+    torch.manual_seed(0)
+    qmodel = prepare_by_platform(_Attention().eval(), "tensorrt")
+    enable_calibration(qmodel)
+    with torch.no_grad():
+        qmodel(torch.randn(4, 16, 32))
+    enable_quantization(qmodel)
+    result = convert_deploy(qmodel, "tensorrt", {"x": [1, 16, 32]}, output_path=tmp_path)
+    graph = onnx.load(result.artifacts["onnx"]).graph
+    producers = {output: node for node in graph.node for output in node.output}
+    weights = {init.name for init in graph.initializer}
+
+    def source(name: str) -> onnx.NodeProto | None:  # through the heads' data movement
+        node = producers.get(name)
+        while node is not None and node.op_type in ("Transpose", "Reshape"):
+            node = producers.get(node.input[0])
+        return node
+
+    def weight(name: str) -> bool:  # a layer's weight: an initializer through its Q/DQ pair
+        node = source(name)
+        if node is None or node.op_type != "DequantizeLinear":
+            return False
+        quantize = producers.get(node.input[0])
+        return node.input[0] in weights or (quantize is not None and quantize.input[0] in weights)
+
+    products = [node for node in graph.node if node.op_type == "MatMul" and not any(weight(i) for i in node.input)]
+    assert len(products) == 2, [n.name for n in products]
+    assert all(source(i).op_type == "DequantizeLinear" for node in products for i in node.input)
+
+    x = torch.randn(1, 16, 32, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        simulated = qmodel(x).numpy()
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = ort.InferenceSession(result.artifacts["onnx"], options, providers=["CPUExecutionProvider"])
+    (served,) = session.run(None, {session.get_inputs()[0].name: x.numpy()})
+    np.testing.assert_allclose(served, simulated, rtol=0, atol=1e-5 * float(np.abs(simulated).max()))
+
+    options = ort.SessionOptions()
+    options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    ort.InferenceSession(result.artifacts["onnx"], options, providers=["CPUExecutionProvider"])
+    optimized = [node.op_type for node in onnx.load(options.optimized_model_filepath).graph.node]
+    # q, k and v as QGemm, the products as QLinearMatMul / MatMulIntegerToFloat (out's output is the network's). On
+    # x86 onnxruntime retypes int8 Q/DQ activations to uint8 and then fuses, whatever the CPU (a build-time choice):
+    # the graph is the same with or without VNNI, only the kernels' arithmetic differs.
+    integer = {"QGemm", "QLinearMatMul", "MatMulIntegerToFloat"}
+    assert sum(op in integer for op in optimized) == 5, optimized
