@@ -186,3 +186,42 @@ def test_calibrating_again_after_a_change_gives_the_ranges_of_a_fresh_calibratio
         torch.testing.assert_close(again.state_dict()[name], expected, rtol=0, atol=0, msg=name)
     with torch.no_grad():
         torch.testing.assert_close(again(data[0]), once(data[0]), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("backend", ["tensorrt_nlp", "openvino"])
+def test_calibrate_smooths_and_calibrates_in_one_pass_as_two_passes_would(backend):
+    """Smoothing and calibration share one pass where the smoothed inputs' observers are running min/max ones: the
+    first smoothed quantizer's range is the one it observes of the scaled input in a pass of its own, bit for bit
+    (its input is the same tensor, and max(x * c) = max(x) * c), every range within float32 rounding (a smoothed
+    layer computes its output from scaled operands), and the model runs once per batch instead of twice."""
+    model = bert_with_outliers()
+    data = token_batches(3)
+    one = prepare_by_platform(model, backend)
+    calls: list[int] = []
+    embedding = next(m for m in one.modules() if isinstance(m, nn.Embedding))
+    embedding.register_forward_hook(lambda *_: calls.append(1))
+    calibrate(one, data, smooth=True)
+    assert len(calls) == len(data)  # one pass (the weights are read from their layers)
+
+    two = prepare_by_platform(model, backend)  # smoothing's pass, then calibration's
+    recipe = ParamsTable[backend].transformer_recipe
+    smooth_quant(two, data, alpha=recipe.smooth_alpha)
+    calibrate(two, data, smooth=False)
+
+    scales = {n for n, m in one.named_modules() if isinstance(m, ChannelScale)}
+    smoothed = [str(n.target) for n in one.graph.nodes if n.op == "call_module" and str(n.target) in scales]
+    assert smoothed and set(smoothed) == {n for n, m in two.named_modules() if isinstance(m, ChannelScale)}
+    observers = {
+        name: (m.activation_post_process.min_val, m.activation_post_process.max_val)
+        for name, m in two.named_modules()
+        if hasattr(m, "activation_post_process")
+    }
+    for name, quantizer in one.named_modules():
+        if not hasattr(quantizer, "activation_post_process"):
+            continue
+        got = (quantizer.activation_post_process.min_val, quantizer.activation_post_process.max_val)
+        want = observers[name]
+        if f"{name}_smoothing" == smoothed[0]:  # upstream of it nothing is smoothed
+            assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True)), name
+        for g, w in zip(got, want, strict=True):  # float32 sums of a few dozen products, in another order
+            torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6 * float(w.abs().max()), msg=name)

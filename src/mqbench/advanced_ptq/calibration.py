@@ -37,7 +37,7 @@ from mqbench.advanced_ptq.correction import (
 )
 from mqbench.advanced_ptq.pipeline import one_pass
 from mqbench.advanced_ptq.reconstruction import calibration_batches, call_with
-from mqbench.advanced_ptq.smoothing import smooth_quant
+from mqbench.advanced_ptq.smoothing import replays_exactly, smooth_quant, smoothing_groups
 from mqbench.backends.registry import ParamsTable
 from mqbench.backends.spec import BackendSpec, PTQRecipe
 from mqbench.custom_quantizer.ops import node_kind
@@ -220,14 +220,23 @@ def calibrate(
         cross_layer_equalization(model)
     if smooth not in (True, False, "after_norm"):
         raise ValueError(f"smooth must be True, False, 'after_norm' or None, got {smooth!r}")
-    if smooth:
+    fast = recipe.bias_correction and recipe.fast_bias_correction
+    # one pass smooths and calibrates where the smoothed inputs' ranges follow from their per-channel extremes (and
+    # no layer's float input is recorded, which the migration would change)
+    merged = smooth is True and not fast and isinstance(model, fx.GraphModule)
+    if merged:
+        modules = dict(model.named_modules())
+        merged = all(replays_exactly(modules[str(node.target)]) for node in smoothing_groups(model))
+    if smooth and not merged:
         smooth_quant(model, batches, alpha=recipe.smooth_alpha, after_norm=smooth == "after_norm")
     reset_observers(model)  # a model calibrated before (then rotated, smoothed, ...) gets the ranges of now
     enable_calibration_woquantization(model, quantizer_type="act_fake_quant")
-    fast = recipe.bias_correction and recipe.fast_bias_correction
     recording: AbstractContextManager[dict[str, list[Any]]] = recording_input_means(model) if fast else nullcontext({})
     with recording as input_sums:
-        one_pass(model, batches)  # block by block on a transformer
+        if merged:
+            smooth_quant(model, batches, alpha=recipe.smooth_alpha, calibrating=True)
+        else:
+            one_pass(model, batches)  # block by block on a transformer
     put_back_observers(model, replaced)
     if recipe.guard_pair_saturation and int8_pairs_saturate():
         narrowed = narrow_weights_after_signed_inputs(model)

@@ -41,7 +41,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -49,6 +49,8 @@ from torch import Tensor, fx, nn
 
 from mqbench.advanced_ptq.pipeline import Segment, one_pass
 from mqbench.fake_quantize.quantize_base import QuantizeBase
+from mqbench.observer.base import ObserverBase
+from mqbench.observer.minmax import EMAMinMaxObserver, MinMaxObserver
 from mqbench.utils.lazy_weights import require_weights
 from mqbench.utils.logger import logger
 from mqbench.utils.tied import shared_weights
@@ -59,8 +61,10 @@ __all__ = [
     "after_foldable_norm",
     "foldable_norm",
     "fresh_copy",
+    "replays_exactly",
     "restore_smoothing",
     "smooth_quant",
+    "smoothing_groups",
 ]
 
 _SUFFIX = "_smoothing"  # a ChannelScale module is named after the quantizer it feeds
@@ -145,17 +149,20 @@ class _Statistics:
     """Per-channel extremes of a quantizer's input over the calibration data, and a uniform sample of ``rows`` of
     its rows (each row a random key, the smallest kept: the memory is the sample's, however much data runs)."""
 
-    def __init__(self, rows: int, generator: torch.Generator) -> None:
+    def __init__(self, rows: int, generator: torch.Generator, each_batch: bool = False) -> None:
         self.rows, self.generator = rows, generator
         self.low: Tensor | None = None
         self.high: Tensor | None = None
         self.sample: Tensor | None = None
         self.keys: Tensor | None = None
+        self.batches: list[tuple[Tensor, Tensor]] | None = [] if each_batch else None  # each batch's extremes
 
     def __call__(self, module: nn.Module, args: tuple[Any, ...]) -> None:
         x = args[0].detach().float()
         flat = x.reshape(-1, x.shape[-1])
         low, high = flat.amin(0), flat.amax(0)
+        if self.batches is not None:
+            self.batches.append((low, high))
         self.low = low if self.low is None else torch.minimum(self.low, low)
         self.high = high if self.high is None else torch.maximum(self.high, high)
         keys = torch.rand(flat.shape[0], generator=self.generator)
@@ -197,6 +204,7 @@ def smooth_quant(
     sample_rows: int = 2048,
     seed: int = 0,
     after_norm: bool = False,
+    calibrating: bool = False,
 ) -> dict[str, float]:
     """Migrate activation outliers into the weights of linear layers (see the module docstring).
 
@@ -209,43 +217,38 @@ def smooth_quant(
     the search found no migration better than none is left alone and not listed). The model is
     changed in place: weights multiplied, :class:`ChannelScale` nodes added. Its quantizers are
     left as they were (observing, quantizing or neither); calibrate it afterwards.
+
+    ``calibrating``: the pass is calibration's too (``calibrate`` does this): the quantizers keep the switches the
+    caller set, so the activation observers see the data, and each smoothed quantizer, whose observer saw the input
+    before its scale, observes again each batch's range of the scaled input, from the per-channel extremes the pass
+    recorded (exact for the observers of :func:`replays_exactly`; ValueError for others). The model's other
+    quantizers see the float model before the migration, which computes the same values to float32 rounding.
     """
     if not isinstance(model, fx.GraphModule):
         raise ValueError(f"smooth_quant takes the model prepare_by_platform returned, got {type(model).__name__}")
     if alpha is not None and not 0.0 <= alpha <= 1.0:
         raise ValueError(f"alpha must be in [0, 1] (or None to search it per quantizer), got {alpha}")
+    if calibrating and after_norm:
+        raise ValueError("smooth_quant(calibrating=True) needs the scales as ChannelScale nodes (after_norm=False)")
     require_weights(model, "smooth_quant (it rescales every layer once the pass is done)")
     modules = dict(model.named_modules())
-    names = {id(module): name for name, module in modules.items()}
-    shared = shared_weights(model)
-    groups: dict[fx.Node, list[nn.Linear]] = {}
-    for node in model.graph.nodes:
-        quantizer = modules.get(str(node.target)) if node.op == "call_module" else None
-        if not isinstance(quantizer, QuantizeBase) or not node.args or not isinstance(node.args[0], fx.Node):
-            continue
-        source = node.args[0]
-        if source.op == "call_module" and isinstance(modules.get(str(source.target)), ChannelScale):
-            continue  # smoothed already
-        if after_norm and not after_foldable_norm(node, modules):
-            continue
-        layers = _linear_readers(node, modules)
-        tied = [names[id(layer)] for layer in layers or () if names[id(layer)] in shared]
-        if tied:  # scaling its columns would scale the other holders' weight too (an embedding table's rows)
-            logger.warning(
-                "smooth_quant: %s not smoothed: %s share(s) the weight with %s (tied)",
-                node.target,
-                ", ".join(tied),
-                ", ".join(other for name in tied for other in shared[name]),
-            )
-        elif layers is not None:
-            groups[node] = layers
+    groups = smoothing_groups(model, after_norm, warn=True)
     if not groups:
         logger.info("smooth_quant: no activation quantizer read only by linear layers")
+        if calibrating:
+            one_pass(model, cali_data)
         return {}
+    if calibrating:
+        unreplayable = [str(n.target) for n in groups if not replays_exactly(modules[str(n.target)])]
+        if unreplayable:
+            raise ValueError(
+                f"smooth_quant(calibrating=True): the observers of {unreplayable} cannot take the smoothed range "
+                "from per-channel extremes (per-tensor MinMaxObserver / EMAMinMaxObserver can); smooth first"
+            )
 
     # a generator per quantizer: its sample does not depend on the order the data runs through the model
     statistics = {
-        node: _Statistics(sample_rows, torch.Generator().manual_seed(seed * 1_000_003 + i))
+        node: _Statistics(sample_rows, torch.Generator().manual_seed(seed * 1_000_003 + i), each_batch=calibrating)
         for i, node in enumerate(groups)
     }
     hooks = {modules[str(node.target)]: statistics[node] for node in groups}
@@ -272,7 +275,10 @@ def smooth_quant(
             decided[node] = (best, _migration(a, w, best))
 
     # block by block on a transformer; the weights and the graph change after the pass
-    one_pass(model, cali_data, hooks, _nothing_quantized(model), "smooth_quant", decide)
+    if calibrating:  # the quantizers as the caller switched them: the activation observers see this pass too
+        one_pass(model, cali_data, hooks, None, "calibration", decide)
+    else:
+        one_pass(model, cali_data, hooks, _nothing_quantized(model), "smooth_quant", decide)
 
     chosen: dict[str, float] = {}
     for node, layers in groups.items():
@@ -292,10 +298,67 @@ def smooth_quant(
         else:
             inverse = (1.0 / scale).to(scale.dtype)
             _insert_channel_scale(model, node, _free_name(model, f"{node.target}{_SUFFIX}"), inverse)
+            batches = statistics[node].batches
+            if batches is not None:  # what the quantizer would have observed of the scaled input, batch by batch
+                _observe_scaled(modules[str(node.target)], batches, inverse)
         chosen[str(node.target)] = best
     model.recompile()
     logger.info("smooth_quant: %d of %d linear input(s) smoothed", len(chosen), len(groups))
     return chosen
+
+
+def smoothing_groups(
+    model: fx.GraphModule, after_norm: bool = False, warn: bool = False
+) -> dict[fx.Node, list[nn.Linear]]:
+    """The activation quantizers :func:`smooth_quant` would smooth, each with the linear layers reading it: every one
+    read only by linear layers (``after_norm``: whose input a norm computes for it alone), not smoothed already, whose
+    layers hold their weights alone (``warn``: a tied one is logged)."""
+    modules = dict(model.named_modules())
+    names = {id(module): name for name, module in modules.items()}
+    shared = shared_weights(model)
+    groups: dict[fx.Node, list[nn.Linear]] = {}
+    for node in model.graph.nodes:
+        quantizer = modules.get(str(node.target)) if node.op == "call_module" else None
+        if not isinstance(quantizer, QuantizeBase) or not node.args or not isinstance(node.args[0], fx.Node):
+            continue
+        source = node.args[0]
+        if source.op == "call_module" and isinstance(modules.get(str(source.target)), ChannelScale):
+            continue  # smoothed already
+        if after_norm and not after_foldable_norm(node, modules):
+            continue
+        layers = _linear_readers(node, modules)
+        tied = [names[id(layer)] for layer in layers or () if names[id(layer)] in shared]
+        if tied and warn:  # scaling its columns would scale the other holders' weight too (an embedding table's rows)
+            logger.warning(
+                "smooth_quant: %s not smoothed: %s share(s) the weight with %s (tied)",
+                node.target,
+                ", ".join(tied),
+                ", ".join(other for name in tied for other in shared[name]),
+            )
+        elif layers is not None and not tied:
+            groups[node] = layers
+    return groups
+
+
+def replays_exactly(quantizer: nn.Module) -> bool:
+    """Whether ``quantizer``'s observer is a per-tensor running min/max (``MinMaxObserver``) or its moving average
+    (``EMAMinMaxObserver``): the range of a channel-scaled input (``x * c``, ``c > 0``) then follows from each
+    batch's per-channel extremes of ``x``, exactly (``max(x * c) = max(x) * c`` in float arithmetic too: rounding
+    a product by a positive constant keeps the order)."""
+    observer = getattr(quantizer, "activation_post_process", None)
+    if not isinstance(quantizer, QuantizeBase) or type(observer) not in (MinMaxObserver, EMAMinMaxObserver):
+        return False
+    return not cast(ObserverBase, observer).is_per_channel
+
+
+def _observe_scaled(quantizer: nn.Module, batches: Sequence[tuple[Tensor, Tensor]], scale: Tensor) -> None:
+    """The quantizer observes again, from nothing, each batch's range of its input times ``scale``: a two-row tensor
+    per batch, the per-channel minima and maxima scaled, whose extremes are the scaled batch's."""
+    count = getattr(quantizer.activation_post_process, "num_batches", None)
+    if isinstance(count, Tensor):
+        count.zero_()
+    for low, high in batches:
+        quantizer(torch.stack([low * scale, high * scale]))
 
 
 def _insert_channel_scale(model: fx.GraphModule, quantizer: fx.Node, name: str, scale: Tensor) -> None:
