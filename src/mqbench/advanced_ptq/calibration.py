@@ -198,7 +198,8 @@ def calibrate(
     embedding cosine 0.848 with the running min/max, 0.835 with the percentile; on PPL W8A16 0.989
     plain, 0.983 with equalization and bias correction).
     ``smooth``: first migrate activation outliers of linear inputs into the weights
-    (:func:`~mqbench.advanced_ptq.smooth_quant`, strength the recipe's ``smooth_alpha``, else searched); None
+    (:func:`~mqbench.advanced_ptq.smooth_quant`, strength the recipe's ``smooth_alpha``, else searched; in the
+    calibration pass itself where the smoothed inputs' observers are running min/max ones); None
     does what the backend the model was prepared for does by default (its ``smooth_linear_inputs``: the NLP
     backends, or the recipe's ``smooth``); ``"after_norm"``
     smooths only the inputs a norm computes for linear layers alone, whose scales a Hugging Face checkpoint holds
