@@ -145,10 +145,6 @@ class LinearGrid(Grid):
         return values / _along_axis(entry.scale.astype(np.float64), entry, values.ndim)
 
     def amax(self, entry: TensorQParams) -> np.ndarray:
-        # TensorRT's dynamic range maps [-amax, amax] onto [-127, 127]: on int8's full grid amax is the top level's
-        # value (its scale is TensorRT's; -128 is -127 there), elsewhere the larger end
-        if (entry.quant_min, entry.quant_max) == (-128, 127) and np.all(entry.zero_point == 0):
-            return (127 * entry.scale.astype(np.float64)).astype(np.float32)
         low, high = entry.float_range()
         return np.maximum(np.abs(np.asarray(low, np.float32)), np.abs(np.asarray(high, np.float32)))
 

@@ -1,6 +1,7 @@
-"""The Clip in front of a QuantizeLinear whose range is narrower than its integer type ([-127, 127] in int8):
-written only where a value can pass the range's end, since it sits between a layer and its QuantizeLinear, where
-onnxruntime would otherwise run the two as one int8 kernel."""
+"""TensorRT's Q/DQ file on onnxruntime. The Clip in front of a QuantizeLinear whose range is narrower than its integer
+type ([-127, 127] in int8) is written only where a value can pass the range's end, since it sits between a layer and
+its QuantizeLinear, where onnxruntime would otherwise run the two as one int8 kernel; TensorRT's own grid, int8's
+[-128, 127], needs none, and its attention products are int8 too."""
 
 from __future__ import annotations
 
@@ -16,16 +17,43 @@ from mqbench.prepare_by_platform import prepare_by_platform
 from mqbench.utils.state import enable_calibration, enable_quantization
 
 
+def _deployed(model: nn.Module, calibration: torch.Tensor, tmp_path, config: dict | None = None):
+    """``model`` prepared for TensorRT, calibrated on one batch and deployed: (the simulation, the DeployResult)."""
+    qmodel = prepare_by_platform(model, "tensorrt", config)
+    enable_calibration(qmodel)
+    with torch.no_grad():
+        qmodel(calibration)
+    enable_quantization(qmodel)
+    shape = [1, *calibration.shape[1:]]
+    return qmodel, convert_deploy(qmodel, "tensorrt", {"x": shape}, output_path=tmp_path)
+
+
+def _file_computes_the_simulation(qmodel: nn.Module, path: str, x: torch.Tensor) -> None:
+    """The file's own arithmetic (onnxruntime with its graph optimizations off: no fused int8 kernels, whose pair
+    sums saturate on CPUs without VNNI) gives the simulation's output to float32 rounding."""
+    with torch.no_grad():
+        simulated = qmodel(x).numpy()
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+    (served,) = session.run(None, {session.get_inputs()[0].name: x.numpy()})
+    np.testing.assert_allclose(served, simulated, rtol=0, atol=1e-5 * float(np.abs(simulated).max()))
+
+
+def _optimized_ops(path: str, tmp_path) -> list[str]:
+    """The op types of the graph onnxruntime optimizes the file into (on x86 it retypes int8 Q/DQ activations to
+    uint8 and then fuses, whatever the CPU: a build-time choice, so the graph is the same with or without VNNI)."""
+    options = ort.SessionOptions()
+    options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+    return [node.op_type for node in onnx.load(options.optimized_model_filepath).graph.node]
+
+
 def test_a_clip_only_where_values_can_pass_the_narrow_range(tmp_path):
     torch.manual_seed(0)
     model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Conv2d(4, 2, 1)).eval()
     narrow = {"extra_qconfig_dict": {"a_qscheme": {"symmetric_range": True}}}  # implicit int8's [-127, 127]
-    qmodel = prepare_by_platform(model, "tensorrt", narrow)
-    enable_calibration(qmodel)
-    with torch.no_grad():
-        qmodel(torch.randn(8, 3, 6, 6))
-    enable_quantization(qmodel)
-    result = convert_deploy(qmodel, "tensorrt", {"x": [1, 3, 6, 6]}, output_path=tmp_path)
+    qmodel, result = _deployed(model, torch.randn(8, 3, 6, 6), tmp_path, narrow)
     entries = {t: e for t, e in result.table.items() if e.kind == "activation"}
     assert len(entries) == 2 and all((e.quant_min, e.quant_max) == (-127, 127) for e in entries.values())
     graph = onnx.load(result.artifacts["onnx"]).graph
@@ -42,14 +70,7 @@ def test_a_clip_only_where_values_can_pass_the_narrow_range(tmp_path):
     x = torch.randn(1, 3, 6, 6, generator=torch.Generator().manual_seed(1))
     scale = float(np.asarray(entries["x"].scale).reshape(-1)[0])
     x[0, 0, :2] = -130.0 * scale
-    with torch.no_grad():
-        simulated = qmodel(x).numpy()
-    # the file's own arithmetic (no fused int8 kernels, whose pair sums saturate on CPUs without VNNI)
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    session = ort.InferenceSession(result.artifacts["onnx"], options, providers=["CPUExecutionProvider"])
-    (served,) = session.run(None, {session.get_inputs()[0].name: x.numpy()})
-    np.testing.assert_allclose(served, simulated, rtol=0, atol=1e-5 * float(np.abs(simulated).max()))
+    _file_computes_the_simulation(qmodel, result.artifacts["onnx"], x)
     report = verify_deploy(qmodel, result, x)
     assert report.passed, report.failures()
 
@@ -59,12 +80,7 @@ def test_tensorrts_int8_grid_needs_no_clip_and_onnxruntime_fuses_the_layer(tmp_p
     file computes the simulation's integers down to -128, and onnxruntime runs the convolution as one int8 kernel."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.Conv2d(4, 2, 1)).eval()
-    qmodel = prepare_by_platform(model, "tensorrt")
-    enable_calibration(qmodel)
-    with torch.no_grad():
-        qmodel(torch.randn(8, 3, 6, 6))
-    enable_quantization(qmodel)
-    result = convert_deploy(qmodel, "tensorrt", {"x": [1, 3, 6, 6]}, output_path=tmp_path)
+    qmodel, result = _deployed(model, torch.randn(8, 3, 6, 6), tmp_path)
     entries = {t: e for t, e in result.table.items() if e.kind == "activation"}
     assert len(entries) == 2 and all((e.quant_min, e.quant_max) == (-128, 127) for e in entries.values())
     graph = onnx.load(result.artifacts["onnx"]).graph
@@ -73,20 +89,9 @@ def test_tensorrts_int8_grid_needs_no_clip_and_onnxruntime_fuses_the_layer(tmp_p
     x = torch.randn(1, 3, 6, 6, generator=torch.Generator().manual_seed(1))
     scale = float(np.asarray(entries["x"].scale).reshape(-1)[0])
     x[0, 0, :2] = -130.0 * scale  # saturates at -128 steps in both
-    with torch.no_grad():
-        simulated = qmodel(x).numpy()
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    session = ort.InferenceSession(result.artifacts["onnx"], options, providers=["CPUExecutionProvider"])
-    (served,) = session.run(None, {session.get_inputs()[0].name: x.numpy()})
-    np.testing.assert_allclose(served, simulated, rtol=0, atol=1e-5 * float(np.abs(simulated).max()))
-
-    options = ort.SessionOptions()
-    options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
-    ort.InferenceSession(result.artifacts["onnx"], options, providers=["CPUExecutionProvider"])
-    optimized = [node.op_type for node in onnx.load(options.optimized_model_filepath).graph.node]
-    # the first layer; the second's output is the network's (the same graph on every x86 CPU, as below)
-    assert optimized.count("QLinearConv") == 1, optimized
+    _file_computes_the_simulation(qmodel, result.artifacts["onnx"], x)
+    optimized = _optimized_ops(result.artifacts["onnx"], tmp_path)
+    assert optimized.count("QLinearConv") == 1, optimized  # the first layer; the second's output is the network's
 
 
 class _Attention(nn.Module):
@@ -105,12 +110,7 @@ def test_tensorrt_quantizes_attentions_products_and_onnxruntime_runs_them_in_int
     """Both inputs of both products are int8 in TensorRT's file, as TensorRT runs them; onnxruntime then runs the
     projections and the products on int8 kernels, and the file computes the simulation."""
     torch.manual_seed(0)
-    qmodel = prepare_by_platform(_Attention().eval(), "tensorrt")
-    enable_calibration(qmodel)
-    with torch.no_grad():
-        qmodel(torch.randn(4, 16, 32))
-    enable_quantization(qmodel)
-    result = convert_deploy(qmodel, "tensorrt", {"x": [1, 16, 32]}, output_path=tmp_path)
+    qmodel, result = _deployed(_Attention().eval(), torch.randn(4, 16, 32), tmp_path)
     graph = onnx.load(result.artifacts["onnx"]).graph
     producers = {output: node for node in graph.node for output in node.output}
     weights = {init.name for init in graph.initializer}
@@ -133,20 +133,8 @@ def test_tensorrt_quantizes_attentions_products_and_onnxruntime_runs_them_in_int
     assert all(source(i).op_type == "DequantizeLinear" for node in products for i in node.input)
 
     x = torch.randn(1, 16, 32, generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        simulated = qmodel(x).numpy()
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    session = ort.InferenceSession(result.artifacts["onnx"], options, providers=["CPUExecutionProvider"])
-    (served,) = session.run(None, {session.get_inputs()[0].name: x.numpy()})
-    np.testing.assert_allclose(served, simulated, rtol=0, atol=1e-5 * float(np.abs(simulated).max()))
-
-    options = ort.SessionOptions()
-    options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
-    ort.InferenceSession(result.artifacts["onnx"], options, providers=["CPUExecutionProvider"])
-    optimized = [node.op_type for node in onnx.load(options.optimized_model_filepath).graph.node]
-    # q, k and v as QGemm, the products as QLinearMatMul / MatMulIntegerToFloat (out's output is the network's). On
-    # x86 onnxruntime retypes int8 Q/DQ activations to uint8 and then fuses, whatever the CPU (a build-time choice):
-    # the graph is the same with or without VNNI, only the kernels' arithmetic differs.
+    _file_computes_the_simulation(qmodel, result.artifacts["onnx"], x)
+    optimized = _optimized_ops(result.artifacts["onnx"], tmp_path)
+    # q, k and v as QGemm, the products as QLinearMatMul / MatMulIntegerToFloat (out's output is the network's)
     integer = {"QGemm", "QLinearMatMul", "MatMulIntegerToFloat"}
     assert sum(op in integer for op in optimized) == 5, optimized

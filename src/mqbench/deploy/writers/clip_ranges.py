@@ -68,6 +68,9 @@ SUFFIX = "_clip_ranges.json"
 
 def amax(entry: TensorQParams) -> float | list[float]:
     """TensorRT's dynamic range of the entry (module docstring; ``data_max`` for the log grid); a list per channel."""
+    if entry.grid == "linear" and (entry.quant_min, entry.quant_max) == (-128, 127) and not entry.zero_point.any():
+        # TensorRT maps [-amax, amax] onto [-127, 127]: the top level's value gives it this scale (-128 is -127 there)
+        return as_values((127 * entry.scale.astype(np.float64)).astype(np.float32), entry.per_channel)
     return as_values(grid_of(entry.grid).amax(entry), entry.per_channel)
 
 
