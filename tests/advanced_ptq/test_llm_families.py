@@ -10,9 +10,13 @@ import pytest
 import torch
 
 from mqbench.advanced_ptq import awq, calibrate, gptq, hadamard_rotation
+from mqbench.advanced_ptq.calibration import recipe_of
 from mqbench.backend_config import quantization_report
+from mqbench.backends import ParamsTable
 from mqbench.convert_deploy import convert_deploy
+from mqbench.custom_quantizer.ops import normalizes_layers
 from mqbench.deploy.verify import verify_deploy
+from mqbench.fake_quantize.quantize_base import QuantizeBase
 from mqbench.nn.modules.norms import norm_of
 from mqbench.prepare_by_platform import prepare_by_platform
 from mqbench.utils.state import UncalibratedError, disable_all, enable_calibration, enable_quantization
@@ -166,6 +170,21 @@ def test_the_output_layer_and_embeddings_stay_float_on_the_llm_backends_unless_a
         ValueError, match=r"float_layers has unknown roles \['head'\]; valid: \['lm_head', 'embedding'\]"
     ):
         _prepare(model, backend, float_layers=["head"])
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_decoder_gets_its_backend_s_transformer_defaults(family):
+    """A family's RMSNorm marks a transformer as LayerNorm does: calibration takes the backend's transformer recipe,
+    and a backend that keeps a transformer's residual stream float (OpenVINO) quantizes no value a norm reads."""
+    qmodel = _prepare(_decoder(family, tied=False), "openvino")
+    assert normalizes_layers(qmodel)
+    assert recipe_of(qmodel) == ParamsTable["openvino"].transformer_recipe
+    modules = dict(qmodel.named_modules())
+    nodes = [n for n in qmodel.graph.nodes if n.op == "call_module"]
+    quantizers = [n for n in nodes if isinstance(modules[n.target], QuantizeBase)]
+    normalised = [n.args[0] for n in nodes if norm_of(modules[n.target])]
+    assert len(normalised) >= 2 * SMALL["num_hidden_layers"] + 1  # two a block and the last (Qwen3: queries, keys)
+    assert not {q.args[0] for q in quantizers} & set(normalised)
 
 
 def test_a_classifier_head_is_not_taken_for_an_lm_head():

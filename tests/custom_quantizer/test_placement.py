@@ -11,6 +11,7 @@ import dataclasses
 import inspect
 import math
 import operator
+import warnings
 from typing import Any
 
 import pytest
@@ -865,3 +866,58 @@ def test_a_read_of_a_shape_is_not_a_reader_of_the_values(capture):
     kinds = [v.op if v.op in ("placeholder", "call_module") else getattr(v.target, "__name__", v.target) for v in read]
     # the network input, then the convolution's output once reshaped (not the view), then the pool's output
     assert kinds == ["placeholder", "reshape", "avg_pool2d"], read
+
+
+class Rotary(nn.Module):
+    """A rotary position embedding between two layers: angles ``position * inv_freq`` from the sequence's length
+    and a buffer, as Llama-family models compute them."""
+
+    def __init__(self, width: int = 32) -> None:
+        super().__init__()
+        self.inp, self.out = nn.Linear(width, width), nn.Linear(width, width)
+        self.register_buffer("inv_freq", 1 / 10000 ** (torch.arange(0, width, 2) / width), persistent=False)
+
+    def forward(self, x):
+        h = self.inp(x)
+        positions = torch.arange(x.shape[1], dtype=torch.float32)
+        angles = positions[:, None] * self.inv_freq[None]
+        angles = torch.cat([angles, angles], -1)
+        half = h.shape[-1] // 2
+        rotated = torch.cat([-h[..., half:], h[..., :half]], -1)
+        return self.out(h * angles.cos() + rotated * angles.sin())
+
+
+@pytest.mark.parametrize("capture", ["fx", "export"])
+@pytest.mark.parametrize("backend", ["openvino", "tensorrt", "snpe", "vitis", "nnie", "stpu"])
+def test_position_arithmetic_stays_float(backend, capture):
+    """Rotary angles depend on positions alone (0..255 here): an 8-bit grid over them moves each angle by up to
+    half a radian, which turns the queries and keys (a relative error of 0.24 to 0.45 when measured on these
+    backends). Left float, what is left is the 8-bit grids of the few activations on the path: a few percent."""
+    torch.manual_seed(0)
+    model, x = Rotary().eval(), torch.randn(4, 256, 32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        qmodel = prepare_by_platform(model, backend, {"capture": capture, "example_inputs": (x[:1],)})
+    for node in quantizer_nodes(qmodel):  # every quantized value is computed from the input's values
+        value = node.args[0]
+        assert value.op == "placeholder" or any(a.op == "placeholder" for a in _ancestors(value)), value
+    calibrate(qmodel, x)
+    with torch.no_grad():
+        reference, simulated = model(x), qmodel(x)
+    assert float((simulated - reference).norm() / reference.norm()) < 0.1
+
+
+def _ancestors(node: fx.Node) -> set[fx.Node]:
+    """The nodes ``node``'s values are computed from (not its shape: export records sizes as symbols of their own)."""
+    seen, stack = set(), [node]
+    while stack:
+        current = stack.pop()
+        if current.op == "call_function" and getattr(current.target, "__name__", "") in ("size", "sym_size"):
+            continue
+        if current.op == "call_function" and current.target is getattr:
+            continue
+        for value in current.all_input_nodes:
+            if value not in seen:
+                seen.add(value)
+                stack.append(value)
+    return seen

@@ -40,7 +40,7 @@ from mqbench.advanced_ptq.reconstruction import calibration_batches, call_with
 from mqbench.advanced_ptq.smoothing import replays_exactly, smooth_quant, smoothing_groups
 from mqbench.backends.registry import ParamsTable
 from mqbench.backends.spec import BackendSpec, PTQRecipe
-from mqbench.custom_quantizer.ops import node_kind
+from mqbench.custom_quantizer.ops import normalizes_layers
 from mqbench.custom_quantizer.plan import plan_of
 from mqbench.observer import ObserverDict
 from mqbench.observer.base import ObserverBase
@@ -69,12 +69,6 @@ def _spec(model: fx.GraphModule) -> BackendSpec | None:
     if plan is None:
         return None
     return plan.spec if plan.spec is not None else ParamsTable.get(plan.backend)
-
-
-def _normalizes_layers(model: fx.GraphModule) -> bool:
-    """Whether ``model`` has a LayerNorm (a transformer: its residual stream carries outlier channels)."""
-    modules = dict(model.named_modules())
-    return any(node_kind(node, modules) == "layernorm" for node in model.graph.nodes)
 
 
 # ops between an input quantizer and the layer reading it that keep its values (and so its sign)
@@ -120,12 +114,12 @@ def narrow_weights_after_signed_inputs(model: fx.GraphModule) -> list[str]:
 
 def recipe_of(model: fx.GraphModule) -> PTQRecipe:
     """The recipe calibration applies to ``model`` by default: its backend's ``ptq_recipe``, or its
-    ``transformer_recipe`` for a model with LayerNorm (see :func:`calibrate`); plain calibration for a model of
-    unknown origin."""
+    ``transformer_recipe`` for a model with LayerNorm or RMSNorm (see :func:`calibrate`); plain calibration for a
+    model of unknown origin."""
     spec = _spec(model)
     if spec is None:
         return PTQRecipe()
-    return spec.transformer_recipe if _normalizes_layers(model) else spec.ptq_recipe
+    return spec.transformer_recipe if normalizes_layers(model) else spec.ptq_recipe
 
 
 def use_activation_observer(
@@ -191,7 +185,7 @@ def calibrate(
     observers saw before is forgotten: calibrating again replaces the ranges.
     ``recipe``: what to do around that (None: the recipe of the backend the model was prepared
     for, its spec's ``ptq_recipe``; ``PTQRecipe()``: plain calibration): the activation observer,
-    cross-layer equalization before, bias correction after. By default a model with LayerNorm gets
+    cross-layer equalization before, bias correction after. By default a model with LayerNorm or RMSNorm gets
     the backend's ``transformer_recipe``, plain calibration unless the backend says otherwise (its
     ``smooth_linear_inputs`` still applies): a transformer's few outlier channels carry its meaning,
     and clipping them costs more than the finer grid gains (all-MiniLM-L6-v2 on TensorRT: mean

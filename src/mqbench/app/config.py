@@ -50,8 +50,9 @@ and the valid choices. Missing sections and keys take the defaults below.
                                 #   ROTATION_DEFAULTS) to rotate a pre-norm transformer's residual stream first
                                 #   ({residual: false}: only the MLPs' down-projection inputs, any transformer)
       recipe: null              # mqbench: calibration recipe: null (the backend's ptq_recipe; its transformer_recipe
-                                #   for a model with LayerNorm), plain, or {activation_observer: PercentileObserver,
-                                #   equalize: true, bias_correction: true, smooth: true, smooth_alpha: 0.95}
+                                #   for a model with LayerNorm or RMSNorm), plain, or {activation_observer:
+                                #   PercentileObserver, equalize: true, bias_correction: true, smooth: true,
+                                #   smooth_alpha: 0.95}
       smooth: null              # mqbench: SmoothQuant before calibration: null (the backend's default), true, false,
                                 #   or after_norm (the norms' outputs only: the scales a Hugging Face checkpoint holds)
       deploy: {model_name: model, output_path: null, deploy_to_qlinear: false}

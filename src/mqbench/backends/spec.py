@@ -226,7 +226,7 @@ class PTQRecipe:
             ``mqbench.advanced_ptq.smooth_quant``), with strength ``smooth_alpha`` (None: searched per input,
             which costs a pass of error measurements).
 
-    A model with LayerNorm (a transformer, whose outlier channels must not be clipped) gets its backend's
+    A model with LayerNorm or RMSNorm (a transformer, whose outlier channels must not be clipped) gets its backend's
     ``transformer_recipe`` instead (plain calibration unless the backend says otherwise), and a recipe given
     explicitly is used as given.
     """
@@ -298,8 +298,8 @@ class BackendSpec:
     mixed_precision_bits: tuple[int, ...] = ()
     # What post-training calibration does by default (mqbench.advanced_ptq.calibrate; mqbench ptq).
     ptq_recipe: PTQRecipe = PTQRecipe()
-    # What it does by default to a model with LayerNorm (a transformer); ptq_recipe's clipping and bias correction
-    # are for CNNs.
+    # What it does by default to a model with LayerNorm or RMSNorm (a transformer); ptq_recipe's clipping and bias
+    # correction are for CNNs.
     transformer_recipe: PTQRecipe = PTQRecipe()
     # Weights only: activations stay float (W4A16, W8A16); ``activation`` is None and needs no user settings.
     weight_only: bool = False

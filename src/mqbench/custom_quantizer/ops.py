@@ -3,6 +3,8 @@
 Example:
     >>> import torch
     >>> from torch import fx, nn
+
+from mqbench.nn.modules.norms import norm_of
     >>> from mqbench.custom_quantizer.ops import node_kind
     >>> gm = fx.symbolic_trace(nn.Sequential(nn.Conv2d(1, 1, 1), nn.ReLU()))
     >>> [node_kind(n, dict(gm.named_modules())) for n in gm.graph.nodes]
@@ -18,6 +20,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import fx, nn
+
+from mqbench.nn.modules.norms import norm_of
 
 __all__ = [
     "FUNCTION_KINDS",
@@ -66,6 +70,7 @@ MODULE_KINDS: dict[type, str] = {
     nn.Hardsigmoid: "sigmoid",
     nn.Embedding: "embedding",
     nn.LayerNorm: "layernorm",
+    nn.RMSNorm: "layernorm",
     nn.Softmax: "softmax",
     nn.GELU: "gelu",
 }
@@ -102,6 +107,7 @@ FUNCTION_KINDS: dict[Callable[..., Any], str] = {
     F.sigmoid: "sigmoid",
     F.hardsigmoid: "sigmoid",
     F.layer_norm: "layernorm",
+    F.rms_norm: "layernorm",
     F.softmax: "softmax",
     torch.softmax: "softmax",
     F.gelu: "gelu",
@@ -175,12 +181,32 @@ def node_kind(node: fx.Node, modules: Mapping[str, nn.Module]) -> str | None:
             kind = MODULE_KINDS.get(cls)
             if kind is not None:
                 return kind
-        return None
+        return "layernorm" if _is_norm_class(module) else None
     if node.op == "call_function":
         return FUNCTION_KINDS.get(node.target)  # type: ignore[arg-type]
     if node.op == "call_method":
         return METHOD_KINDS.get(str(node.target))
     return None
+
+
+_NORM_CLASSES: dict[type[nn.Module], bool] = {}  # a class outside torch.nn: whether it normalizes (probed once)
+
+
+def _is_norm_class(module: nn.Module) -> bool:
+    """Whether ``module``'s class is a norm over the last dimension that torch.nn does not define (``LlamaRMSNorm``,
+    a model family's own class; see :func:`mqbench.nn.modules.norms.norm_of`): one of its instances decides."""
+    kind = type(module)
+    if kind not in _NORM_CLASSES:
+        _NORM_CLASSES[kind] = norm_of(module) is not None
+    return _NORM_CLASSES[kind]
+
+
+def normalizes_layers(model: fx.GraphModule) -> bool:
+    """Whether ``model`` normalizes its layers: a LayerNorm, an RMSNorm or a model family's own norm class
+    (``LlamaRMSNorm``, ...), a transformer's mark. Its residual stream carries outlier channels, which the backends'
+    transformer defaults keep (``BackendSpec.transformer_recipe``)."""
+    modules = dict(model.named_modules())
+    return any(node_kind(node, modules) == "layernorm" for node in model.graph.nodes)
 
 
 def edge_layers(graph: fx.Graph, modules: Mapping[str, nn.Module]) -> set[fx.Node]:

@@ -158,6 +158,46 @@ def _from_layers(node: fx.Node, kinds: Mapping[fx.Node, str | None], memo: dict[
     return result
 
 
+# ops whose result depends on their tensor input's shape alone (export records sizes as these calls), and
+# ``arange``, positions over a length (a constant where the capture fixed the length)
+_POSITION_SOURCES = frozenset(
+    {"size", "sym_size", "dim", "numel", "sym_numel", "new_ones", "new_zeros", "new_full", "new_empty"}
+    | {"zeros_like", "ones_like", "empty_like", "full_like", "arange"}
+)
+
+
+def _from_positions(node: fx.Node, modules: Mapping[str, nn.Module], memo: dict[fx.Node, tuple[bool, bool]]) -> bool:
+    """Whether ``node`` is position arithmetic: computed from positions (``arange`` over a length, tensor sizes) and
+    buffers, and from no network input's values, no parameter and no layer's output. A rotary embedding's angles
+    ``positions * inv_freq`` are such a value, fixed for a given shape: a runtime computes them in float (a grid
+    of 256 steps over positions 0..255 turns every angle), so no quantizer reads them."""
+    return _value_sources(node, modules, memo) == (False, True)
+
+
+def _value_sources(
+    node: fx.Node, modules: Mapping[str, nn.Module], memo: dict[fx.Node, tuple[bool, bool]]
+) -> tuple[bool, bool]:
+    """(computed from values: a network input's, a parameter's or a layer's output; computed from positions)."""
+    if node in memo:
+        return memo[node]
+    memo[node] = (True, False)  # bounds recursion on shared inputs
+    if node.op == "placeholder":
+        result = (True, False)
+    elif node.op == "get_attr":
+        owner, _, name = str(node.target).rpartition(".")
+        module = modules.get(owner)
+        result = (module is None or isinstance(getattr(module, name, None), nn.Parameter), False)
+    elif _reads_metadata(node) or (node.op == "call_function" and _name_of(node) in _POSITION_SOURCES):
+        result = (False, True)
+    elif node.op == "call_module" and any(True for _ in modules[str(node.target)].parameters(recurse=False)):
+        result = (True, False)
+    else:
+        found = [_value_sources(a, modules, memo) for a in node.all_input_nodes]
+        result = (any(values for values, _ in found), any(sized for _, sized in found))
+    memo[node] = result
+    return result
+
+
 _SENTINEL = 1e30  # a fill value at least this large stands for "masked out" (finfo.min, -inf)
 _Memos = tuple[dict[fx.Node, bool], dict[fx.Node, bool]]  # (from layers, holds a sentinel) per node
 _FILLING = frozenset({"where", "masked_fill", "masked_fill_"})
@@ -343,10 +383,13 @@ def plan_activation_quantizers(
 
     data_memo: dict[fx.Node, bool] = {}
     sentinel_memo: dict[fx.Node, bool] = {}
+    sources_memo: dict[fx.Node, tuple[bool, bool]] = {}
 
     def mark(value: fx.Node, consumer: fx.Node | None) -> ActivationSite | None:
         if value.op == "get_attr" or not _is_tensor(value, tensor_memo) or _integer(value):
             return None
+        if _from_positions(value, modules, sources_memo):
+            return None  # position arithmetic (rotary angles, their cos and sin): float, as runtimes compute it
         memos = (data_memo, sentinel_memo)
         if _holds_sentinel(value, kinds, memos) or _masked(value, kinds, memos):
             return None  # an attention mask holding finfo.min, or values it filled or was added to
@@ -365,7 +408,7 @@ def plan_activation_quantizers(
         kind = kinds[node]
         if node.op in ("placeholder", "output", "get_attr") or rules.excluded(node):
             continue
-        if rules.quantize_input(node) and node not in composite:
+        if rules.quantize_input(node) and node not in composite and not _from_positions(node, modules, sources_memo):
             inputs = _tensor_args(node, tensor_memo)
             if node.op == "call_module" or kind in WEIGHTED_KINDS:
                 inputs = inputs[:1]  # the activation; weights belong to the module
