@@ -21,8 +21,9 @@ Parts (``--parts``):
   held-out files; calibration on 16 windows of the training files per draw (``--smollm2-draws``). Weight-only
   rounding to nearest (W8A16 g128, W4A16 g128 and g64, and g64 with lm_head quantized too); W4A16 g128 and g64
   with GPTQ, AWQ and AWQ then GPTQ on each draw (the Hessians and scales of 16 x 256 tokens); W8A8 naive /
-  SmoothQuant / rotation / rotation then SmoothQuant / rotation then percentile calibration, FP8 E4M3; W4A16 g128,
-  W8A8 SmoothQuant and FP8 deployed and verified.
+  SmoothQuant / rotation / rotation then SmoothQuant / rotation then percentile calibration, FP8 E4M3, and W8A8 on
+  ``openvino`` with its defaults for a transformer; W4A16 g128, W8A8 SmoothQuant, FP8 and OpenVINO deployed and
+  verified.
 * ``minilm``: W4A16 g128 RTN / GPTQ / AWQ (symmetric, the backend's), and asymmetric RTN / GPTQ with act_order,
   with min/max group ranges and with MSE-searched ones, and AWQ then GPTQ (asymmetric, MSE-searched). The
   calibration docstrings come in padded batches of 16 (GPTQ and AWQ read their tokens, not the padding).
@@ -519,6 +520,18 @@ def run_smollm2(
     if values:
         rows["FP8 E4M3"] = {"ppl": values}
         deployed["FP8 E4M3"] = _smollm2_deploy(qmodel, "tensorrt_fp8", sample)
+        checkpoint(rows, deployed)
+    values, seconds = [], []
+    for cali in draws if wanted("W8A8 OpenVINO") else []:  # the backend's defaults for a model with RMSNorm
+        started = time.perf_counter()
+        qmodel = prepared("openvino")
+        calibrate(qmodel, cali)
+        seconds.append(time.perf_counter() - started)
+        values.append(perplexity(qmodel))
+        print(f"  W8A8 OpenVINO: {values[-1]:.3f} ({seconds[-1]:.0f} s)", flush=True)
+    if values:
+        rows["W8A8 OpenVINO"] = {"ppl": values, "seconds": seconds}
+        deployed["W8A8 OpenVINO"] = _smollm2_deploy(qmodel, "openvino", sample)
         checkpoint(rows, deployed)
     data_driven("W4A16 g128")
     return {"rows": rows, "deployed": deployed}

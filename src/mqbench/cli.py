@@ -144,6 +144,8 @@ def describe_backends() -> str:
     for name, spec in ParamsTable.items():
         weight = spec.weight.describe() if spec.weight else "from extra_qconfig_dict"
         activation = spec.activation.describe() if spec.activation else "from extra_qconfig_dict"
+        if spec.transformer_activation is not None:
+            activation += f"; a transformer's (LayerNorm, RMSNorm): {spec.transformer_activation.describe()}"
         blocks.append(
             f"{name}: {spec.description}\n"
             f"  weights:     {weight}\n"

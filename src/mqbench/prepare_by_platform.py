@@ -21,6 +21,7 @@ import gc
 import types
 import warnings
 from collections.abc import Iterable, Iterator
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -32,6 +33,7 @@ from torch.fx.graph_module import _USER_PRESERVED_ATTRIBUTES_KEY
 from mqbench.backends.registry import BackendType, ParamsTable, resolve_backend
 from mqbench.backends.spec import check_float_layers
 from mqbench.custom_quantizer.model_quantizer import build_model_quantizer
+from mqbench.custom_quantizer.ops import normalizes_layers
 from mqbench.custom_quantizer.qconfig import QConfigPair, resolve_qconfig
 from mqbench.fake_quantize import FakeQuantizeDict
 from mqbench.fake_quantize.quantize_base import QuantizeBase
@@ -346,6 +348,11 @@ def prepare_by_platform(
         quantizer.float_layers = check_float_layers(config["float_layers"], "prepare_custom_config_dict")
     with _garbage_collection_paused():  # graph passes allocate many small objects; collect once afterwards
         graph_module, captured_by = _capture(model, config, leaf_modules, custom_tracer)
+        if spec.transformer_activation is not None and normalizes_layers(graph_module):
+            transformer = replace(spec, activation=spec.transformer_activation)
+            own = qconfig.activation  # a product's inputs (queries, keys) keep the backend's grid
+            qconfig = resolve_qconfig(transformer, config.get("extra_qconfig_dict"), reduce_range)
+            qconfig = replace(qconfig, product_activation=own)
         prepared = quantizer.prepare(graph_module, qconfig, bool(is_qat))
     if half:
         _convert_half_inputs(prepared)

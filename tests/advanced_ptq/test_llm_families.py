@@ -185,6 +185,18 @@ def test_a_decoder_gets_its_backend_s_transformer_defaults(family):
     normalised = [n.args[0] for n in nodes if norm_of(modules[n.target])]
     assert len(normalised) >= 2 * SMALL["num_hidden_layers"] + 1  # two a block and the last (Qwen3: queries, keys)
     assert not {q.args[0] for q in quantizers} & set(normalised)
+    # chosen at prepare from the captured graph: the linear layers' inputs on the transformer's asymmetric grid
+    linear_inputs = [
+        q for q in quantizers if any(isinstance(modules.get(str(u.target)), torch.nn.Linear) for u in q.users)
+    ]
+    assert linear_inputs
+    for node in linear_inputs:
+        quantizer = modules[node.target]
+        assert (int(quantizer.quant_min), int(quantizer.quant_max), quantizer.qscheme) == (
+            0,
+            255,
+            torch.per_tensor_affine,
+        ), node
 
 
 def test_a_classifier_head_is_not_taken_for_an_lm_head():

@@ -96,6 +96,37 @@ def test_relu_then_a_negative_scaling_is_served_as_written(tmp_path, layer, scal
     assert "Relu" not in {n.op_type for n in fq_model.graph.node}  # its one reader now clamps instead
 
 
+def test_a_normalized_sum_of_float_values_is_read_as_it_is(tmp_path):
+    """A transformer's float residual add, r + layer(x) where the layer reads a quantized x: the sum has no scale
+    for the plugin to move, so its LayerNormalization reads it without the ``Max`` barrier (which costs a memory
+    pass a norm), and OpenVINO still serves it with epsilon, on rows where dropping epsilon shows."""
+    rng = np.random.default_rng(2)
+    width, epsilon = 64, 1e-5
+    x = (rng.standard_normal((4, width)) * np.array([[0.003], [0.01], [0.02], [0.05]])).astype(np.float32)
+    w = rng.standard_normal((width, width)) * 0.05
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["m"], name="layer"),
+        helper.make_node("Add", ["m", "bias"], ["t"], name="bias_add"),
+        helper.make_node("Add", ["r", "t"], ["s"], name="residual"),
+        helper.make_node("LayerNormalization", ["s", "g", "b"], ["y"], axis=-1, epsilon=epsilon),
+    ]
+    inits = {"w": w, "bias": rng.standard_normal(width) * 0.01, "g": np.ones(width), "b": np.zeros(width)}
+    r = x[::-1].copy()  # the residual stream: a float input
+    model = model_of(nodes, {"x": x, "r": r}, ["y"], inits)
+    table = QParamTable({"x": act(0.2 / 255, -128, 127)})
+    fq_model, _ = to_openvino(model, table)
+    onnx.save(fq_model, str(tmp_path / "fq.onnx"))
+    served = run_openvino_file(tmp_path / "fq.onnx", {"x": x, "r": r})["y"]
+    assert "Max" not in {node.op_type for node in fq_model.graph.node}
+    # the formula: the float sum of x and the layer of the quantized x, normalized with epsilon in the variance
+    quantized = np.clip(np.rint(x / (0.2 / 255)), -128, 127) * (0.2 / 255)
+    total = r.astype(np.float64) + quantized @ w.astype(np.float32).astype(np.float64) + inits["bias"]
+    centered = total - total.mean(-1, keepdims=True)
+    formula = centered / np.sqrt((centered**2).mean(-1, keepdims=True) + epsilon)
+    assert (centered**2).mean(-1).min() < 100 * epsilon  # rows where dropping epsilon shows
+    np.testing.assert_allclose(served, formula, rtol=0, atol=1e-4)
+
+
 @pytest.mark.parametrize("form", ["LayerNormalization", "ReduceMean"])
 def test_a_normalized_sum_of_quantized_values_keeps_its_epsilon(tmp_path, form):
     """A LayerNormalization (or its ReduceMean / Sub / Sqrt form) of an Add of two quantized tensors, on rows whose

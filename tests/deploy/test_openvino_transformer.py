@@ -1,5 +1,6 @@
 """OpenVINO on a transformer, as NNCF's transformer preset treats one: the residual adds and the attention weights x
-values stay float, and calibration first migrates the outliers of linear inputs into the weights at strength 0.95.
+values stay float, each activation has its own zero point, and calibration first migrates the outliers of linear
+inputs into the weights (strength 0.9).
 
 Each part is checked on small pre- and post-norm blocks against a CNN's residual block (whose adds stay
 quantized), the migration against its formula computed here from the float model's activations, and the
@@ -18,6 +19,7 @@ from torch import fx, nn
 
 from backend_configs import host_config
 from mqbench.advanced_ptq import calibrate
+from mqbench.advanced_ptq import calibration as calibration_module
 from mqbench.advanced_ptq.calibration import recipe_of
 from mqbench.backends import ParamsTable, PTQRecipe, register_backend
 from mqbench.convert_deploy import convert_deploy
@@ -148,8 +150,77 @@ def test_the_backend_declares_the_transformer_defaults():
     spec = ParamsTable["openvino"]
     assert spec.placement.float_residual_adds and spec.placement.float_attention_values
     recipe = spec.transformer_recipe
-    assert (recipe.smooth, recipe.smooth_alpha, recipe.guard_pair_saturation) == (True, 0.95, True)
+    assert (recipe.smooth, recipe.smooth_alpha, recipe.guard_pair_saturation) == (True, 0.9, True)
     assert recipe.activation_observer is None and not recipe.bias_correction  # no clipping of outlier channels
+    assert spec.transformer_activation is not None and spec.activation is not None
+    assert not spec.transformer_activation.scheme.symmetric and spec.activation.scheme.symmetric
+    assert spec.transformer_activation.observer == spec.activation.observer
+
+
+def activation_grids(model: fx.GraphModule) -> set[tuple[int, int, bool]]:
+    """(quant_min, quant_max, symmetric) of every activation quantizer."""
+    return {
+        (int(m.quant_min), int(m.quant_max), m.qscheme in (torch.per_tensor_symmetric, torch.per_channel_symmetric))
+        for name, m in model.named_modules()
+        if name.endswith("_post_act_fake_quantizer")
+    }
+
+
+@pytest.mark.parametrize("block", [PreNorm, PostNorm])
+def test_a_transformer_s_activations_get_their_own_zero_points(block):
+    """Each activation of a model with LayerNorm on [0, 255] with a zero point calibration places, as NNCF's
+    transformer preset quantizes them, but the queries and keys: OpenVINO's CPU plugin runs their product in int8
+    on signed symmetric inputs (as NNCF writes them), in bf16 otherwise. A CNN keeps the symmetric grid; an
+    a_qscheme the user gives applies."""
+    model = prepared(block)
+    scores = scores_of(model)
+    modules = dict(model.named_modules())
+    product = {quantizer_of(model, value) for value in scores.all_input_nodes}
+    for node in product:
+        assert node is not None
+        quantizer = modules[str(node.target)]
+        assert (int(quantizer.quant_min), int(quantizer.quant_max)) == (-128, 127)
+        assert quantizer.qscheme == torch.per_tensor_symmetric
+    others = {
+        q
+        for n, q in modules.items()
+        if n.endswith("_post_act_fake_quantizer")
+        and n not in {str(node.target) for node in product if node is not None}
+    }
+    # the inputs of the embedding, of q / k / v (one norm), of out, fc1 and fc2
+    assert len(others) == 5 and {(int(q.quant_min), int(q.quant_max), q.qscheme) for q in others} == {
+        (0, 255, torch.per_tensor_affine)
+    }
+    calibrate(model, tokens(1, batches=1), recipe=PTQRecipe())  # no migration: each range is the data's own
+    # the first layer's input: the tokens' own range, each end on the grid (zero point from min and max)
+    quantizer = dict(model.named_modules())["x_post_act_fake_quantizer"]
+    data = tokens(1, batches=1)[0]
+    scale = (data.max() - data.min()) / 255
+    torch.testing.assert_close(quantizer.scale.reshape(()), scale, rtol=1e-5, atol=0)
+    assert int(quantizer.zero_point) == round(float(-data.min() / scale))
+    assert activation_grids(prepared(Residual)) == {(-128, 127, True), (0, 255, True)}
+    symmetric = prepared(block, {"extra_qconfig_dict": {"a_qscheme": {"symmetry": True}}})
+    assert activation_grids(symmetric) == {(-128, 127, True)}
+
+
+@pytest.mark.parametrize("saturates", [True, False])
+def test_the_7_bit_guard_reads_a_zero_point_inside_the_grid_as_a_signed_input(monkeypatch, saturates):
+    """A CPU kernel without VNNI runs an asymmetric activation as u8 values around its zero point, near 128 where
+    the values are centred: pairs of 8-bit weights saturate as after a signed input. A layer reading such an input
+    gets 7-bit weights there; one reading a quantizer whose zero point is 0 (values from 0 up) keeps 8 bits."""
+    monkeypatch.setattr(calibration_module, "int8_pairs_saturate", lambda: saturates)
+    model = prepared(PreNorm)
+    calibrate(model, [batch.abs() for batch in tokens(1)])  # non-negative tokens: the first layer's zero point is 0
+    modules = dict(model.named_modules())
+    assert int(modules["x_post_act_fake_quantizer"].zero_point) == 0
+    grids = {
+        name: (int(module.weight_fake_quant.quant_min), int(module.weight_fake_quant.quant_max))
+        for name, module in modules.items()
+        if hasattr(module, "weight_fake_quant")
+    }
+    assert grids.pop("embed") == (-128, 127)
+    assert set(grids) == {"attention.q", "attention.k", "attention.v", "attention.out", "mlp.fc1", "mlp.fc2"}
+    assert set(grids.values()) == ({(-64, 63)} if saturates else {(-128, 127)})
 
 
 @pytest.mark.parametrize("block", [PreNorm, PostNorm])
@@ -175,7 +246,7 @@ def test_a_cnn_keeps_its_quantized_residual_add_and_its_recipe():
     assert recipe_of(model) == ParamsTable["openvino"].ptq_recipe
 
 
-def test_calibration_migrates_linear_input_outliers_at_strength_0_95():
+def test_calibration_migrates_linear_input_outliers_at_the_recipe_s_strength():
     float_model = PreNorm().eval()
     torch.manual_seed(0)
     float_model.load_state_dict(PreNorm().state_dict())
@@ -189,8 +260,8 @@ def test_calibration_migrates_linear_input_outliers_at_strength_0_95():
     hook.remove()
     activation = torch.cat(seen).abs().amax(0)
     weight = float_model.mlp.fc2.weight.detach()
-    # SmoothQuant's per-channel scale: max|x_j| ** alpha / max|W_:j| ** (1 - alpha)
-    scale = activation.clamp(min=1e-5) ** 0.95 / weight.abs().amax(0).clamp(min=1e-5) ** 0.05
+    # SmoothQuant's per-channel scale: max|x_j| ** alpha / max|W_:j| ** (1 - alpha), alpha 0.9
+    scale = activation.clamp(min=1e-5) ** 0.9 / weight.abs().amax(0).clamp(min=1e-5) ** 0.1
     calibrate(model, data)
     smoothed = dict(model.named_modules())["mlp.fc2"].weight.detach()
     torch.testing.assert_close(smoothed, weight * scale, rtol=1e-5, atol=1e-7)

@@ -219,9 +219,11 @@ class PTQRecipe:
             recorded during the calibration pass (``mqbench.advanced_ptq.fast_bias_correction``): no further pass.
         guard_pair_saturation: on a host whose int8 CPU kernels sum two u8 x s8 products in a saturating
             16-bit register (x86 without VNNI: ``mqbench.utils.host.int8_pairs_saturate``), the layers reading a
-            signed 8-bit input get 7-bit weights ([-64, 63]). A CPU runtime shifts a signed input by 128 to
-            run it on u8 kernels, so its values sit around 128 and reach 255, where a pair of 8-bit weights
-            overflows the register; unsigned inputs (after ReLU) are mostly small. Elsewhere nothing changes.
+            signed 8-bit input, or an unsigned one whose calibrated zero point is above 0, get 7-bit weights
+            ([-64, 63]). A CPU runtime shifts a signed input by 128 to run it on u8 kernels, so its values sit
+            around 128 and reach 255 (an asymmetric input's sit around its zero point), where a pair of 8-bit
+            weights overflows the register; unsigned inputs from 0 (after ReLU) are mostly small. Elsewhere
+            nothing changes.
         smooth: migrate the activation outliers of linear inputs into the weights first (SmoothQuant,
             ``mqbench.advanced_ptq.smooth_quant``), with strength ``smooth_alpha`` (None: searched per input,
             which costs a pass of error measurements).
@@ -301,6 +303,13 @@ class BackendSpec:
     # What it does by default to a model with LayerNorm or RMSNorm (a transformer); ptq_recipe's clipping and bias
     # correction are for CNNs.
     transformer_recipe: PTQRecipe = PTQRecipe()
+    # The activation quantizer of a model with LayerNorm or RMSNorm (a transformer), where it differs from
+    # ``activation`` (None: the same): prepare_by_platform chooses it from the captured graph
+    # (mqbench.custom_quantizer.ops.normalizes_layers); an a_qscheme the user gives changes it as it changes
+    # ``activation``. The operands of a product of two activations (attention's queries and keys) keep
+    # ``activation``: they take the weights' place in an int8 kernel. Keep its observer ``activation``'s (the
+    # recipes replace that one).
+    transformer_activation: QuantizerSpec | None = None
     # Weights only: activations stay float (W4A16, W8A16); ``activation`` is None and needs no user settings.
     weight_only: bool = False
     # Layers left float by role (FLOAT_LAYER_ROLES): "lm_head", a language model's projection onto its vocabulary

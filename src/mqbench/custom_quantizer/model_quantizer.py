@@ -304,7 +304,10 @@ class _PlacementFrontEnd(FrontEnd):
                 f"backend {self.spec.name!r} quantizes weights only and has no activation quantizer for {site}; "
                 "drop the extra_quantizer_dict entries that ask for one, or use a backend with activation quantizers"
             )
-        factory = activation_variant(self.qconfig.activation, site, self.qconfig.reduce_range, self.backend)
+        chosen = self.qconfig.activation
+        if site.product_input and self.qconfig.product_activation is not None:
+            chosen = self.qconfig.product_activation
+        factory = activation_variant(chosen, site, self.qconfig.reduce_range, self.backend)
         if self.spec.placement.per_channel_depthwise_inputs and self._read_by_depthwise_only(site):
             factory = per_channel_input_variant(factory)
         return factory

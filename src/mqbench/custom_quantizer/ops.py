@@ -204,7 +204,7 @@ def _is_norm_class(module: nn.Module) -> bool:
 def normalizes_layers(model: fx.GraphModule) -> bool:
     """Whether ``model`` normalizes its layers: a LayerNorm, an RMSNorm or a model family's own norm class
     (``LlamaRMSNorm``, ...), a transformer's mark. Its residual stream carries outlier channels, which the backends'
-    transformer defaults keep (``BackendSpec.transformer_recipe``)."""
+    transformer defaults keep (``BackendSpec.transformer_recipe``, ``BackendSpec.transformer_activation``)."""
     modules = dict(model.named_modules())
     return any(node_kind(node, modules) == "layernorm" for node in model.graph.nodes)
 

@@ -37,6 +37,8 @@ class ActivationSite:
     # the right operand of a product of two activations (attention's K^T, V): it takes the weights'
     # place in int8 kernels, so reduce_range narrows it as it narrows weights
     product_operand: bool = False
+    # either operand of a product of two activations (attention's queries and keys)
+    product_input: bool = False
 
 
 def _never(node: fx.Node) -> bool:
@@ -523,18 +525,21 @@ def _mark_product_operands(
     memo: dict[fx.Node, bool],
     modules: Mapping[str, nn.Module],
 ) -> None:
-    """Mark the quantizer of each product of two activations' right operand (found past data movement)."""
+    """Mark the quantizers of each product of two activations' operands (found past data movement), and its right
+    operand's as such."""
     for node in graph.nodes:
         if kinds.get(node) != "matmul":
             continue
         operands = _tensor_args(node, memo, unique=False)
         if len(operands) != 2:
             continue
-        value: fx.Node | None = operands[1]
-        while value is not None and value not in sites:
-            value = _moved_from(value, modules)
-        if value is not None:
-            sites[value].product_operand = True
+        for index, operand in enumerate(operands):
+            value: fx.Node | None = operand
+            while value is not None and value not in sites:
+                value = _moved_from(value, modules)
+            if value is not None:
+                sites[value].product_input = True
+                sites[value].product_operand |= index == 1
 
 
 def _alias_source(node: fx.Node, modules: Mapping[str, nn.Module]) -> fx.Node:

@@ -26,7 +26,9 @@ class QConfigPair:
     """The weight and activation factories of one prepare call.
 
     ``reduce_range``: every weight grid is 7-bit (see :func:`reduced_range_variant`), also where
-    a placement rule widens a layer to 8 bits.
+    a placement rule widens a layer to 8 bits. ``product_activation``: the factory of the inputs of a product of
+    two activations (attention's queries and keys) where it is not ``activation`` (a transformer's activation
+    grid, ``BackendSpec.transformer_activation``, leaves them on the backend's own).
     """
 
     weight: Factory
@@ -34,6 +36,7 @@ class QConfigPair:
     weight_spec: QuantizerSpec
     activation_spec: QuantizerSpec | None
     reduce_range: bool = False
+    product_activation: Factory | None = None
 
 
 # Scheme keys that are observer arguments rather than grid properties (MQBench passes them on).
