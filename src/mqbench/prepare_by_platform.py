@@ -31,14 +31,15 @@ from torch import Tensor, fx, nn
 from torch.fx.graph_module import _USER_PRESERVED_ATTRIBUTES_KEY
 
 from mqbench.backends.registry import BackendType, ParamsTable, resolve_backend
-from mqbench.backends.spec import check_float_layers
+from mqbench.backends.spec import Placement, check_float_layers
 from mqbench.custom_quantizer.model_quantizer import build_model_quantizer
 from mqbench.custom_quantizer.ops import normalizes_layers
+from mqbench.custom_quantizer.placement import quantized_residual_adds
 from mqbench.custom_quantizer.qconfig import QConfigPair, resolve_qconfig
 from mqbench.fake_quantize import FakeQuantizeDict
 from mqbench.fake_quantize.quantize_base import QuantizeBase
 from mqbench.nn.intrinsic.qat import freeze_bn_stats
-from mqbench.nn.modules.norms import norm_classes
+from mqbench.nn.modules.norms import norm_classes, norm_of
 from mqbench.observer import ObserverDict
 from mqbench.utils.config import check_keys
 from mqbench.utils.export_capture import CAPTURE_ATTRIBUTE, CAPTURES, DYNAMIC_AXES, export_capture, trace_or_export
@@ -114,6 +115,33 @@ def _preserve_attributes(model: nn.Module, prepared: fx.GraphModule, preserve: d
             if isinstance(value, types.MethodType) and value.__self__ is source:
                 value = types.MethodType(value.__func__, target)  # rebind methods to the prepared model
             setattr(target, name, value)
+
+
+def _quantizes_adds(placement: Placement) -> bool:
+    return "add" in placement.inputs_of or "add" in placement.outputs_of
+
+
+def _warn_quantized_residual_stream(prepared: fx.GraphModule, backend: str) -> None:
+    """Say so when a decoder's residual stream (RMSNorm: an LLM's) is quantized: its outlier channels, hundreds of
+    times the median one, leave nothing of the rest on a per-tensor 8-bit grid."""
+    modules = dict(prepared.named_modules())
+    if not any((norm := norm_of(module)) is not None and not norm.centered for module in modules.values()):
+        return
+    adds = quantized_residual_adds(prepared.graph, modules)
+    if not adds:
+        return
+    keeping = sorted(
+        name
+        for name, spec in ParamsTable.items()
+        if spec.activation is not None and (spec.placement.float_residual_adds or not _quantizes_adds(spec.placement))
+    )
+    warnings.warn(
+        f"backend {backend!r} quantizes {len(adds)} residual add(s) of this model's RMSNorm stream "
+        f"({', '.join(adds[:3])}{' ...' if len(adds) > 3 else ''}): a language model's residual stream carries "
+        "outlier channels that an 8-bit grid of one scale cannot hold (SmolLM2-135M: perplexity in the billions, "
+        f"float 10.1). A backend that keeps them float: {', '.join(keeping)}",
+        stacklevel=3,
+    )
 
 
 def _warn_fused_attention(prepared: fx.GraphModule, backend: str, quantizes_matmul: bool) -> None:
@@ -357,6 +385,7 @@ def prepare_by_platform(
     if half:
         _convert_half_inputs(prepared)
     _warn_fused_attention(prepared, spec.name, "matmul" in spec.placement.inputs_of)
+    _warn_quantized_residual_stream(prepared, spec.name)
     excluded = (config.get("extra_quantizer_dict") or {}).get("exclude_node_name", [])
     _warn_float_layers(prepared, spec.name, list(excluded))
     if freeze_bn:

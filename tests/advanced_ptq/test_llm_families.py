@@ -199,6 +199,25 @@ def test_a_decoder_gets_its_backend_s_transformer_defaults(family):
         ), node
 
 
+@pytest.mark.parametrize("backend", ["tensorrt", "snpe", "onnx_qnn", "openvino", "tensorrt_nlp"])
+def test_a_backend_that_quantizes_a_decoder_s_residual_stream_says_so(backend):
+    """The residual adds a decoder's RMSNorms read: quantized by the CNN placements (named in a warning, with the
+    backends that keep them float), float on OpenVINO's and TensorRT NLP's."""
+    model = _decoder("llama", tied=True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        prepare_by_platform(model, backend, {"example_inputs": {"input_ids": _ids(0, 2, 8)}})
+    said = [str(w.message) for w in caught if "residual add(s) of this model's RMSNorm stream" in str(w.message)]
+    if backend in ("openvino", "tensorrt_nlp"):
+        assert not said
+    else:
+        (message,) = said
+        assert message.startswith(f"backend {backend!r} quantizes 4 residual add(s)") or message.startswith(
+            f"backend {backend!r} quantizes 3 residual add(s)"
+        ), message
+        assert message.endswith("openvino, tensorrt_fp8, tensorrt_nlp"), message
+
+
 def test_a_classifier_head_is_not_taken_for_an_lm_head():
     classifier = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4)).eval()
     qmodel = prepare_by_platform(classifier, "tensorrt_nlp")

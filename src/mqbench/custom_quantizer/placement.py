@@ -15,7 +15,7 @@ from mqbench.backends.spec import Placement
 from mqbench.custom_quantizer.ops import WEIGHTED_KINDS, edge_layers, is_identity, node_kind
 from mqbench.utils.tracer import dict_input
 
-__all__ = ["ActivationSite", "plan_activation_quantizers"]
+__all__ = ["ActivationSite", "plan_activation_quantizers", "quantized_residual_adds"]
 
 _NON_TENSOR_METHODS = frozenset({"size", "dim", "numel", "__len__", "tolist", "item"})
 # ops that move a tensor's values without computing new ones (a quantizer before them quantizes the result)
@@ -124,6 +124,23 @@ def _has_activation_ancestor(node: fx.Node, kinds: Mapping[fx.Node, str | None],
     )
     memo[node] = result
     return result
+
+
+def quantized_residual_adds(graph: fx.Graph, modules: Mapping[str, nn.Module]) -> list[str]:
+    """The adds of a normalised stream (residual adds, see :func:`_on_normalised_stream`) whose inputs or output
+    an activation quantizer of the prepared ``graph`` reads."""
+    kinds = {node: node_kind(node, modules) for node in graph.nodes}
+
+    def quantizes(node: fx.Node) -> bool:
+        return node.op == "call_module" and str(node.target).endswith("_post_act_fake_quantizer")
+
+    found = []
+    for node in graph.nodes:
+        if kinds[node] != "add" or not _on_normalised_stream(node, kinds):
+            continue
+        if any(quantizes(user) for user in node.users) or any(quantizes(value) for value in node.all_input_nodes):
+            found.append(node.name)
+    return found
 
 
 def _on_normalised_stream(add: fx.Node, kinds: Mapping[fx.Node, str | None]) -> bool:
