@@ -3,8 +3,6 @@
 Example:
     >>> import torch
     >>> from torch import fx, nn
-
-from mqbench.nn.modules.norms import norm_of
     >>> from mqbench.custom_quantizer.ops import node_kind
     >>> gm = fx.symbolic_trace(nn.Sequential(nn.Conv2d(1, 1, 1), nn.ReLU()))
     >>> [node_kind(n, dict(gm.named_modules())) for n in gm.graph.nodes]
