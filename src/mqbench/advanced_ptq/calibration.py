@@ -71,6 +71,8 @@ def _spec(model: fx.GraphModule) -> BackendSpec | None:
     return plan.spec if plan.spec is not None else ParamsTable.get(plan.backend)
 
 
+_AFFINE = (torch.per_tensor_affine, torch.per_channel_affine)
+
 # ops between an input quantizer and the layer reading it that keep its values (and so its sign)
 _KEEPS_VALUES = frozenset({"flatten", "reshape", "view", "dropout", "contiguous"})
 
@@ -82,8 +84,8 @@ def _reads_signed_input(node: fx.Node, modules: dict[str, nn.Module]) -> bool:
             return False
         module = modules.get(str(source.target)) if source.op == "call_module" else None
         if module is not None and hasattr(module, "activation_post_process"):
-            quantizer = cast(Any, module)  # signed, or unsigned with its zero point inside: a runtime's u8 values
-            return int(quantizer.quant_min) < 0 or bool((quantizer.zero_point != 0).any())  # sit around it
+            quantizer = cast(Any, module)  # signed, or asymmetric: a runtime's u8 values fill the grid around its
+            return int(quantizer.quant_min) < 0 or quantizer.qscheme in _AFFINE  # zero point, up to 255
         name = getattr(source.target, "__name__", str(source.target))
         if type(module).__name__.lower() not in _KEEPS_VALUES and name not in _KEEPS_VALUES:
             return False
@@ -92,8 +94,8 @@ def _reads_signed_input(node: fx.Node, modules: dict[str, nn.Module]) -> bool:
 
 
 def narrow_weights_after_signed_inputs(model: fx.GraphModule) -> list[str]:
-    """Put the 8-bit signed weights of every layer whose input quantizer is signed, or asymmetric with a calibrated
-    zero point above 0, on the 7-bit grid [-64, 63].
+    """Put the 8-bit signed weights of every layer whose input quantizer is signed or asymmetric on the 7-bit grid
+    [-64, 63] (an unsigned symmetric input, after a ReLU, keeps 8-bit weights).
 
     Returns the layers changed. Their weight quantizers observe again at the next calibration (their
     ranges are computed for the new grid). See ``PTQRecipe.guard_pair_saturation``.

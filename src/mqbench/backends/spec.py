@@ -219,11 +219,10 @@ class PTQRecipe:
             recorded during the calibration pass (``mqbench.advanced_ptq.fast_bias_correction``): no further pass.
         guard_pair_saturation: on a host whose int8 CPU kernels sum two u8 x s8 products in a saturating
             16-bit register (x86 without VNNI: ``mqbench.utils.host.int8_pairs_saturate``), the layers reading a
-            signed 8-bit input, or an unsigned one whose calibrated zero point is above 0, get 7-bit weights
-            ([-64, 63]). A CPU runtime shifts a signed input by 128 to run it on u8 kernels, so its values sit
-            around 128 and reach 255 (an asymmetric input's sit around its zero point), where a pair of 8-bit
-            weights overflows the register; unsigned inputs from 0 (after ReLU) are mostly small. Elsewhere
-            nothing changes.
+            signed or asymmetric 8-bit input get 7-bit weights ([-64, 63]). A CPU runtime shifts a signed input by
+            128 to run it on u8 kernels, so its values sit around 128 and reach 255 (an asymmetric input's fill
+            the grid from its zero point), where a pair of 8-bit weights overflows the register; unsigned inputs
+            on a symmetric grid (after ReLU) are mostly small. Elsewhere nothing changes.
         smooth: migrate the activation outliers of linear inputs into the weights first (SmoothQuant,
             ``mqbench.advanced_ptq.smooth_quant``), with strength ``smooth_alpha`` (None: searched per input,
             which costs a pass of error measurements).

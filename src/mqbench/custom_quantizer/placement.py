@@ -13,6 +13,7 @@ from torch import fx, nn
 
 from mqbench.backends.spec import Placement
 from mqbench.custom_quantizer.ops import WEIGHTED_KINDS, edge_layers, is_identity, node_kind
+from mqbench.fake_quantize.quantize_base import QuantizeBase
 from mqbench.utils.tracer import dict_input
 
 __all__ = ["ActivationSite", "plan_activation_quantizers", "quantized_residual_adds"]
@@ -132,7 +133,7 @@ def quantized_residual_adds(graph: fx.Graph, modules: Mapping[str, nn.Module]) -
     kinds = {node: node_kind(node, modules) for node in graph.nodes}
 
     def quantizes(node: fx.Node) -> bool:
-        return node.op == "call_module" and str(node.target).endswith("_post_act_fake_quantizer")
+        return node.op == "call_module" and isinstance(modules.get(str(node.target)), QuantizeBase)
 
     found = []
     for node in graph.nodes:
